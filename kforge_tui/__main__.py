@@ -1,0 +1,3 @@
+from kforge_tui.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,98 @@
+"""Facts about the machine the kernels are for: which backend, which GPU, which compiler target.
+
+Read once per process and cached. Importing torch is deferred so `kforge --help` stays fast.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import shutil
+from dataclasses import asdict, dataclass
+
+from kforge_tui.errors import UsageError
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    backend: str  # "cuda" | "cpu"
+    name: str
+    arch: str  # "sm_90" for cuda, "native" for cpu
+    sms: int = 0  # multiprocessors (cuda) or logical cores (cpu)
+    compute_capability: str = ""
+    memory_gb: float = 0.0
+    l2_bytes: int = 0
+    peak_bandwidth_gbs: float = 0.0  # datasheet-ish lead; the worker measures the real one
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        if self.backend == "cuda":
+            return (f"{self.name} (sm_{self.compute_capability.replace('.', '')}, {self.sms} SMs, "
+                    f"{self.memory_gb:.0f} GB, L2 {self.l2_bytes // 2**20} MB)")
+        return f"{self.name} ({self.sms} cores)"
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def default_backend() -> str:
+    """DESIGN.md: --device defaults to cuda when a GPU is visible, else cpu."""
+    return "cuda" if cuda_available() else "cpu"
+
+
+def resolve_backend(requested: str | None) -> str:
+    if requested in (None, "", "auto"):
+        return default_backend()
+    if requested not in ("cuda", "cpu"):
+        raise UsageError(f"--device must be cuda or cpu, not {requested!r}")
+    if requested == "cuda" and not cuda_available():
+        raise UsageError("--device cuda asked for, but no CUDA GPU is visible to torch "
+                         "(install a CUDA build of torch, check nvidia-smi, or use --device cpu)")
+    return requested
+
+
+@functools.lru_cache(maxsize=None)
+def device_info(backend: str) -> DeviceInfo:
+    if backend == "cuda":
+        import torch
+
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        cc = f"{p.major}.{p.minor}"
+        l2 = int(getattr(p, "L2_cache_size", 0) or 0)
+        return DeviceInfo("cuda", p.name, f"sm_{p.major}{p.minor}", p.multi_processor_count, cc,
+                          p.total_memory / 1e9, l2, 0.0)
+    return DeviceInfo("cpu", _cpu_name(), "native", os.cpu_count() or 1, "", 0.0, 0, 0.0)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def nvcc_path() -> str | None:
+    for cand in (os.environ.get("KFORGE_NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and os.path.exists(cand):
+            return cand
+    return None
+
+
+def cxx_path() -> str | None:
+    for cand in (os.environ.get("KFORGE_CXX"), os.environ.get("CXX"), shutil.which("g++"),
+                 shutil.which("c++"), shutil.which("clang++")):
+        if cand and shutil.which(cand):
+            return shutil.which(cand)
+    return None
