@@ -1,0 +1,307 @@
+"""`kforge` — the command line. Thin: parse, merge config, call the engine/store/integration.
+
+Exit codes (DESIGN.md): 0 ok, 1 the work failed, 2 bad usage or bad input; errors are one line on
+stderr (`kforge: error: ...`), with the traceback only under `--debug`.
+Heavy imports (torch, textual, litellm) happen inside the handlers so `--help` is instant.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from kforge_tui.errors import KforgeError, UsageError
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kforge",
+        description="Profile an unmodified PyTorch model, search faster kernels for its hot ops "
+                    "(MCTS over LLM or built-in proposals), verify them on captured tensors and "
+                    "put the winners back into the model.",
+        epilog="MODEL is path/file.py:callable, path/file.py (build() or KernelBench Model/get_inputs) "
+               "or package.module:callable. Config: ~/.config/kforge/config.toml, KFORGE_* variables.")
+    _add_common(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("doctor", help="check toolchain, GPU and LLM settings")
+    p.add_argument("--llm", help="LLM to check (litellm provider/model)")
+    p.add_argument("--api-base", help="OpenAI-compatible server URL to check")
+    p.add_argument("--json", action="store_true")
+    _add_common(p)
+
+    p = sub.add_parser("profile", help="profile a model's operators")
+    p.add_argument("model")
+    p.add_argument("--device", choices=["cuda", "cpu"])
+    p.add_argument("--top", type=int, default=None, help="rows to show (default all)")
+    p.add_argument("--iters", type=int, default=3, help="measured forward passes")
+    p.add_argument("--json", action="store_true")
+    _add_common(p)
+
+    p = sub.add_parser("optimize", help="profile, capture, search kernels, integrate and report")
+    p.add_argument("model")
+    p.add_argument("--device", choices=["cuda", "cpu"])
+    p.add_argument("--ops", help="comma-separated op names to optimise (default: top ops by time)")
+    p.add_argument("--top", type=int, help="how many hot ops to optimise (default 5)")
+    p.add_argument("--budget", type=int, help="candidates evaluated per op (default 50)")
+    p.add_argument("--llm", help="litellm model string, e.g. openai/gpt-4.1, anthropic/..., "
+                                 "ollama/..., hosted_vllm/... (default: built-in proposer)")
+    p.add_argument("--api-base", help="base URL of an OpenAI-compatible server (with --llm openai/NAME)")
+    p.add_argument("--parallel", type=int, help="evaluations in flight (default: from the hardware)")
+    p.add_argument("--run-dir", help="where to keep the run (default: kforge_runs/<model>-<time>)")
+    p.add_argument("--time-limit", type=float, help="wall-time limit per op, seconds")
+    p.add_argument("--target", type=float, help="stop an op once this speedup is reached")
+    p.add_argument("--compile-baseline", action=argparse.BooleanOptionalAction, default=None,
+                   help="also time torch.compile as a baseline (default: on for cuda)")
+    p.add_argument("--no-apply", action="store_true", help="skip the end-to-end check at the end")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--headless", action="store_true", help="no TUI: progress lines and a final table")
+    p.add_argument("--json", action="store_true", help="with --headless: print the final summary as JSON")
+    p.add_argument("--theme", help="TUI theme")
+    _add_common(p)
+
+    p = sub.add_parser("resume", help="continue a run that was stopped or killed")
+    p.add_argument("run_dir")
+    p.add_argument("--headless", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--theme")
+    _add_common(p)
+
+    p = sub.add_parser("tui", help="open a finished or running run in the TUI")
+    p.add_argument("run_dir")
+    p.add_argument("--theme")
+    _add_common(p)
+
+    p = sub.add_parser("runs", help="list runs")
+    p.add_argument("--root", help="where to look (default: config run_root and ./kforge_runs)")
+    p.add_argument("--json", action="store_true")
+    _add_common(p)
+
+    p = sub.add_parser("show", help="per-op results of a run")
+    p.add_argument("run_dir")
+    p.add_argument("--json", action="store_true")
+    _add_common(p)
+
+    p = sub.add_parser("apply", help="integrate a run's winners into MODEL, check and time end to end")
+    p.add_argument("run_dir")
+    p.add_argument("model")
+    p.add_argument("--device", choices=["cuda", "cpu"])
+    p.add_argument("--json", action="store_true")
+    _add_common(p)
+
+    p = sub.add_parser("export", help="write a package that needs only torch to load the kernels")
+    p.add_argument("run_dir")
+    p.add_argument("out_dir")
+    _add_common(p)
+    return parser
+
+
+# ----------------------------------------------------------------------------- handlers
+
+def cmd_doctor(args) -> int:
+    from kforge_tui.config import load_config
+    from kforge_tui.doctor import format_checks, run_checks
+
+    cfg = load_config({"llm": args.llm, "api_base": args.api_base})
+    checks = run_checks(cfg.llm, cfg.api_base)
+    if args.json:
+        print(json.dumps([c.__dict__ for c in checks], indent=2))
+    else:
+        print(format_checks(checks))
+    return 0
+
+
+def cmd_profile(args) -> int:
+    from kforge_tui.device import resolve_backend
+    from kforge_tui.workload.loader import load_model
+    from kforge_tui.workload.profile import format_profile, profile_model
+
+    backend = resolve_backend(args.device)
+    _progress(args, f"loading {args.model} on {backend}")
+    loaded = load_model(args.model, backend)
+    _progress(args, f"profiling ({args.iters} measured passes)")
+    prof = profile_model(loaded, iters=args.iters)
+    if args.json:
+        print(json.dumps(prof.to_json(), indent=2))
+    else:
+        print(format_profile(prof, top=args.top))
+    return 0
+
+
+def _settings_from_args(args):
+    from kforge_tui.config import load_config
+    from kforge_tui.engine import OptimizeSettings
+
+    cfg = load_config({"llm": args.llm, "api_base": args.api_base, "budget": args.budget,
+                       "top": args.top, "parallel": args.parallel, "device": args.device,
+                       "theme": args.theme})
+    if cfg.budget < 1:
+        raise UsageError(f"--budget must be at least 1, not {cfg.budget}")
+    if cfg.top < 1:
+        raise UsageError(f"--top must be at least 1, not {cfg.top}")
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
+    if ops:
+        from kforge_tui.workload.catalogue import get
+
+        for o in ops:
+            get(o)  # UsageError for an unknown op, before any work
+    return OptimizeSettings(model=args.model, device=cfg.device, ops=ops, top=cfg.top,
+                            budget=cfg.budget, llm=cfg.llm, api_base=cfg.api_base,
+                            parallel=cfg.parallel, run_dir=args.run_dir, run_root=cfg.run_root,
+                            time_limit_s=args.time_limit, target_speedup=args.target,
+                            compile_baseline=args.compile_baseline, end_to_end=not args.no_apply,
+                            seed=args.seed), cfg
+
+
+def cmd_optimize(args) -> int:
+    from kforge_tui.device import resolve_backend
+
+    settings, cfg = _settings_from_args(args)
+    settings.device = resolve_backend(settings.device)
+    if settings.llm:
+        from kforge_tui.search.proposers.llm import check_llm_settings
+
+        check_llm_settings(settings.llm, settings.api_base)
+    if not _use_tui(args):
+        from kforge_tui.report import run_headless
+
+        return run_headless(settings, json_out=args.json)
+    from kforge_tui.tui.app import run_live
+
+    return run_live(settings, theme=args.theme or cfg.theme)
+
+
+def cmd_resume(args) -> int:
+    from kforge_tui.engine import settings_for_resume
+
+    settings = settings_for_resume(args.run_dir)
+    if not _use_tui(args):
+        from kforge_tui.report import run_headless
+
+        return run_headless(settings, json_out=args.json, resume=True)
+    from kforge_tui.config import load_config
+    from kforge_tui.tui.app import run_live
+
+    return run_live(settings, theme=args.theme or load_config().theme, resume=True)
+
+
+def cmd_tui(args) -> int:
+    from kforge_tui.config import load_config
+    from kforge_tui.store import RunStore
+    from kforge_tui.tui.app import run_follow
+
+    RunStore.open(args.run_dir, readonly=True).close()  # clear error before the screen opens
+    return run_follow(args.run_dir, theme=args.theme or load_config().theme)
+
+
+def cmd_runs(args) -> int:
+    from kforge_tui.config import load_config
+    from kforge_tui.store import list_runs
+
+    roots = [Path(args.root)] if args.root else [Path(load_config().run_root), Path("kforge_runs")]
+    seen, runs = set(), []
+    for root in roots:
+        for r in list_runs(root.expanduser()):
+            key = os.path.realpath(r["run_dir"])
+            if key not in seen:
+                seen.add(key)
+                runs.append(r)
+    if args.json:
+        print(json.dumps({"runs": runs}, indent=2, default=str))
+        return 0
+    if not runs:
+        print(f"no runs under {', '.join(str(r) for r in roots)}")
+        return 0
+    for r in runs:
+        print(f"{r['run_dir']}  {r.get('status', '?'):9s} {r.get('model', '')}  "
+              f"{r.get('tasks', '?')} ops  {r.get('created', '')}")
+    return 0
+
+
+def cmd_show(args) -> int:
+    from kforge_tui.report import format_show, show_json
+
+    data = show_json(args.run_dir)
+    print(json.dumps(data, indent=2) if args.json else format_show(data))
+    return 0
+
+
+def cmd_apply(args) -> int:
+    from kforge_tui.device import resolve_backend
+    from kforge_tui.integrate.e2e import check_end_to_end
+    from kforge_tui.report import format_end_to_end
+    from kforge_tui.store import RunStore
+    from kforge_tui.workload.loader import load_model
+
+    RunStore.open(args.run_dir, readonly=True).close()
+    loaded = load_model(args.model, resolve_backend(args.device))
+    report = check_end_to_end(loaded, args.run_dir)
+    print(json.dumps(report, indent=2, default=str) if args.json else format_end_to_end(report))
+    if not report.get("kernels_used"):
+        print("kforge: no verified kernel of this run applies to this model; nothing was patched",
+              file=sys.stderr)
+        return 1
+    if not report.get("within_tolerance", False):
+        print(f"kforge: end-to-end mismatch: max abs err {report.get('max_abs_err')}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_export(args) -> int:
+    from kforge_tui.integrate.export import export_run
+
+    out = export_run(args.run_dir, args.out_dir)
+    print(f"exported to {out} (import it and call apply(model))")
+    return 0
+
+
+HANDLERS = {"doctor": cmd_doctor, "profile": cmd_profile, "optimize": cmd_optimize,
+            "resume": cmd_resume, "tui": cmd_tui, "runs": cmd_runs, "show": cmd_show,
+            "apply": cmd_apply, "export": cmd_export}
+
+
+def _use_tui(args) -> bool:
+    """The TUI needs a terminal; with no terminal (nohup, CI, pipes) run headless, like nvitop -1."""
+    return not args.headless and not getattr(args, "json", False) and sys.stdout.isatty() and sys.stdin.isatty()
+
+
+def _progress(args, msg: str) -> None:
+    if not getattr(args, "json", False):
+        print(f"kforge: {msg}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        return HANDLERS[args.command](args)
+    except KforgeError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"kforge: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("kforge: interrupted; everything evaluated so far is in the run store", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug: still one line unless --debug
+        if args.debug:
+            traceback.print_exc()
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"kforge: internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

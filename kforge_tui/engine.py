@@ -1,0 +1,679 @@
+"""The engine: one asyncio orchestration of load → profile → capture → baselines → search → end to end.
+
+Data flows one way (workload → search → sandbox → store → integrate). Every state change is
+written to the run store first and then emitted as a typed event (events.py), so a UI that
+attaches later (follow mode) sees the same thing as one that was there from the start, and a
+killed run loses only what was in flight. The engine never imports Textual and never loads
+candidate code: candidates run in sandbox worker processes behind the `Evaluator` interface.
+
+Per task, the loop keeps up to `parallel` expansions in flight (a slot semaphore shared by all
+tasks bounds the total): select a leaf with MCTS, reserve a child node in the store, ask the
+proposer for source, evaluate it, back the reward up, emit. UI commands (control.py) arrive by
+method call (in-process TUI) or through the store's command table (a TUI in another process).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from kforge_tui import events as ev
+from kforge_tui.errors import UsageError, WorkFailed
+from kforge_tui.search.proposers.base import NodeView, Proposal, ProposalContext
+from kforge_tui.task import Task
+
+
+@dataclass
+class OptimizeSettings:
+    model: str
+    device: str | None = None
+    ops: list[str] | None = None
+    top: int = 5
+    budget: int = 50
+    llm: str | None = None
+    api_base: str | None = None
+    parallel: int = 0  # 0: from the hardware
+    run_dir: str | None = None
+    run_root: str = "kforge_runs"
+    time_limit_s: float | None = None
+    target_speedup: float | None = None
+    compile_baseline: bool | None = None  # None: on for cuda
+    end_to_end: bool = True
+    seed: int = 0
+    max_calls: int = 3
+    serve: bool = False  # keep serving UI commands after the search ends (live TUI)
+    resume: bool = False
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "OptimizeSettings":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def default_run_dir(settings: OptimizeSettings) -> Path:
+    stem = Path(settings.model.split(":")[0]).stem or "model"
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path(settings.run_root).expanduser() / f"{stem}-{stamp}"
+
+
+def settings_for_resume(run_dir: str) -> OptimizeSettings:
+    from kforge_tui.store import RunStore
+
+    store = RunStore.open(run_dir, readonly=True)
+    try:
+        info = store.run_info()
+    finally:
+        store.close()
+    s = OptimizeSettings.from_json(info.get("settings") or {})
+    s.run_dir, s.resume = str(run_dir), True
+    return s
+
+
+@dataclass
+class TaskState:
+    task: Task
+    tree: object  # search.mcts.Tree
+    views: dict[int, NodeView] = field(default_factory=dict)
+    inflight: set = field(default_factory=set)
+    paused: bool = False
+    stopped: bool = False
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    baseline: dict | None = None
+    best_speedup: float = 0.0
+    iteration: int = 0
+    repairs: list = field(default_factory=list)  # node ids queued for repair by the user
+    hand: list = field(default_factory=list)  # (parent_id, source) queued by the user
+    started: float = field(default_factory=time.time)
+
+
+class Engine:
+    """Runs one optimisation; implements control.EngineControl for UIs."""
+
+    def __init__(self, settings: OptimizeSettings, sink: ev.EventCallback | None = None, *,
+                 evaluator=None, proposer=None):
+        self.settings = settings
+        self._sink = sink or (lambda e: None)
+        self._evaluator = evaluator
+        self._proposer = proposer
+        self.store = None
+        self.loaded = None
+        self.run_dir: Path | None = Path(settings.run_dir) if settings.run_dir else None
+        self.tasks: dict[str, TaskState] = {}
+        self._paused_all = False
+        self._stop = False
+        self._slots: asyncio.Semaphore | None = None
+        self._t0 = time.time()
+        self._llm_totals = {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
+        self._serve_wake: asyncio.Event | None = None
+
+    # ----------------------------------------------------------------- events
+
+    def emit(self, event: ev.Event) -> None:
+        try:
+            self._sink(event)
+        except Exception:  # a consumer's bug must not kill the search
+            pass
+
+    def log(self, message: str, level: str = "info") -> None:
+        self.emit(ev.LogLine(level=level, message=message))
+
+    # ----------------------------------------------------------------- main flow
+
+    async def run(self) -> dict:
+        from kforge_tui.device import device_info, resolve_backend
+
+        s = self.settings
+        if not s.resume:
+            s.device = resolve_backend(s.device)
+        backend = s.device
+        info = device_info(backend)
+        if not s.parallel:
+            s.parallel = 4 if backend == "cuda" else 2
+        if s.compile_baseline is None:
+            s.compile_baseline = backend == "cuda"
+        self._slots = asyncio.Semaphore(max(1, s.parallel))
+        self._serve_wake = asyncio.Event()
+        proposer = self._proposer or self._make_proposer()
+        self._proposer = proposer
+
+        if s.resume:
+            self._open_existing()
+        else:
+            self._create_store(info, proposer)
+        self.emit(ev.RunStarted(run_dir=str(self.run_dir), model=s.model, device=backend,
+                                device_name=info.name, proposer=proposer.name, settings=s.to_json()))
+        try:
+            if not s.resume:
+                await self._prepare(backend)
+            else:
+                self._restore_tasks()
+            if not self.tasks:
+                raise UsageError(f"{s.model}: no kernel-target ops found "
+                                 f"({'none of ' + ','.join(s.ops) if s.ops else 'profile shows none'}); "
+                                 "nothing to optimise")
+            if self._evaluator is None:
+                from kforge_tui.sandbox.pool import EvaluatorPool
+
+                self._evaluator = EvaluatorPool(backend, cache_dir=_cache_dir())
+                await self._evaluator.start()
+            await self._baselines()
+            self.emit(ev.Phase(name="search", detail=f"{len(self.tasks)} ops, budget {s.budget} each"))
+            self.store.set_run_status("running")
+            poller = asyncio.create_task(self._poll_commands())
+            try:
+                await asyncio.gather(*(self._search_task(ts) for ts in self.tasks.values()))
+                while s.serve and not self._stop:
+                    await self._serve_once()
+            finally:
+                poller.cancel()
+            summary = await self._finish()
+            return summary
+        except BaseException as e:
+            if self.store is not None:
+                status = "stopped" if isinstance(e, (KeyboardInterrupt, asyncio.CancelledError)) else "failed"
+                try:
+                    self.store.set_run_status(status)
+                except Exception:
+                    pass
+            raise
+        finally:
+            if self._evaluator is not None and self._proposer is not None:
+                try:
+                    await self._evaluator.close()
+                except Exception:
+                    pass
+            if self.store is not None:
+                self.store.close()
+
+    def _make_proposer(self):
+        if self.settings.llm:
+            from kforge_tui.search.proposers.llm import LLMProposer
+
+            return LLMProposer(self.settings.llm, api_base=self.settings.api_base)
+        from kforge_tui.search.proposers.builtin import BuiltinProposer
+
+        return BuiltinProposer()
+
+    def _create_store(self, info, proposer) -> None:
+        from kforge_tui.store import RunStore
+
+        if self.run_dir is None:
+            self.run_dir = default_run_dir(self.settings)
+        if (self.run_dir / "run.db").exists():
+            raise UsageError(f"{self.run_dir} already holds a run; use `kforge resume {self.run_dir}` "
+                             "or another --run-dir")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.settings.run_dir = str(self.run_dir)
+        self.store = RunStore.create(self.run_dir, model=self.settings.model,
+                                     settings=self.settings.to_json(), device=info.to_json(),
+                                     proposer=proposer.name)
+
+    def _open_existing(self) -> None:
+        from kforge_tui.store import RunStore
+
+        self.store = RunStore.open(self.run_dir)
+
+    async def _prepare(self, backend: str) -> None:
+        from kforge_tui.workload.capture import capture
+        from kforge_tui.workload.loader import load_model
+        from kforge_tui.workload.profile import profile_model
+
+        s = self.settings
+        self.emit(ev.Phase(name="load", detail=s.model))
+        self.loaded = await asyncio.to_thread(load_model, s.model, backend)
+        self.emit(ev.Phase(name="profile"))
+        prof = await asyncio.to_thread(profile_model, self.loaded)
+        rows = [r.to_json() for r in prof.rows]
+        self.store.save_profile(rows)
+        self.emit(ev.ProfileReady(rows=rows))
+        self.emit(ev.Phase(name="capture", detail=f"top {s.top}" if not s.ops else ",".join(s.ops)))
+        tasks = await asyncio.to_thread(capture, self.loaded, self.run_dir, prof, top_n=s.top,
+                                        ops=s.ops, backend=backend, max_calls=s.max_calls)
+        for t in tasks:
+            self.store.add_task(t, s.budget)
+            self._add_task_state(t, s.budget, root_id=None)
+
+    def _add_task_state(self, task: Task, budget: int, root_id: int | None, rows=None) -> TaskState:
+        from kforge_tui.search import mcts
+
+        s = self.settings
+        if rows:
+            tree = mcts.Tree.rebuild(task.task_id, rows, budget=budget, seed=s.seed,
+                                     time_limit_s=s.time_limit_s, target_speedup=s.target_speedup)
+        else:
+            if root_id is None:
+                root_id = self.store.add_node(task.task_id, None, action="root", proposer="pytorch",
+                                              status="ok")
+                self.store.finish_node(root_id, status="ok", message="PyTorch reference", result=None,
+                                       reward=0.0, speedup=1.0)
+            tree = mcts.Tree(task.task_id, budget=budget, seed=s.seed, root_id=root_id,
+                             time_limit_s=s.time_limit_s, target_speedup=s.target_speedup)
+        ts = TaskState(task=task, tree=tree)
+        for row in rows or [self.store.node(root_id)]:
+            ts.views[row["id"]] = _view(row)
+            if row.get("status") == "ok" and row.get("speedup") and row["action"] != "root":
+                ts.best_speedup = max(ts.best_speedup, row["speedup"])
+        self.tasks[task.task_id] = ts
+        self.emit(ev.TaskAdded(task_id=task.task_id, op=task.op, shape=list(task.shape),
+                               dtype=task.dtype, budget=budget, calls=task.calls,
+                               total_us=task.total_us, share=task.share))
+        for row in rows or []:
+            self._replay_node(task.task_id, row)
+        return ts
+
+    def _restore_tasks(self) -> None:
+        """Resume: rebuild trees from the store; nodes that were in flight when the run died are lost."""
+        for row in self.store.pending_nodes():  # kept visible, but not counted against the budget
+            self.store.finish_node(row["id"], status="lost", message="lost: the run stopped while it was in flight",
+                                   result=None, reward=_fail_reward())
+        for t in self.store.tasks():
+            task = Task.from_json(t["task"])
+            rows = [r for r in self.store.nodes(task.task_id) if r["status"] != "lost"]
+            ts = self._add_task_state(task, t["budget"], root_id=None, rows=rows)
+            ts.baseline = t.get("baseline")
+        self.log(f"resumed {len(self.tasks)} ops from {self.run_dir}")
+
+    def _replay_node(self, task_id: str, row: dict) -> None:
+        self.emit(ev.NodeAdded(task_id=task_id, node_id=row["id"], parent_id=row["parent_id"],
+                               action=row["action"], proposer=row["proposer"]))
+        if row["status"] != "pending":
+            self.emit(ev.NodeFinished(task_id=task_id, node_id=row["id"], status=row["status"],
+                                      message=row.get("message") or "", time_us=row.get("time_us"),
+                                      speedup=row.get("speedup"), reward=row.get("reward") or 0.0))
+
+    async def _baselines(self) -> None:
+        self.emit(ev.Phase(name="baseline", detail="timing eager PyTorch" +
+                           (" and torch.compile" if self.settings.compile_baseline else "")))
+        for ts in self.tasks.values():
+            if ts.baseline is None:
+                b = await self._evaluator.baseline(ts.task.to_json(), str(self.run_dir),
+                                                   with_compile=bool(self.settings.compile_baseline))
+                ts.baseline = _baseline_json(b)
+                self.store.set_baseline(ts.task.task_id, ts.baseline)
+            b = ts.baseline
+            self.emit(ev.TaskBaseline(task_id=ts.task.task_id, eager_us=b["eager"]["median_us"],
+                                      compiled_us=(b.get("compiled") or {}).get("median_us"),
+                                      floor_us=b.get("floor_us")))
+
+    # ----------------------------------------------------------------- search
+
+    async def _search_task(self, ts: TaskState) -> None:
+        tid = ts.task.task_id
+        if ts.tree.done():
+            self._set_status(ts, "done", ts.tree.stop_reason or "budget spent")
+            return
+        self._set_status(ts, "searching")
+        ts.started = time.time()
+        while True:
+            ts.wake.clear()
+            self._drain_user_requests(ts)
+            paused = ts.paused or self._paused_all
+            if self._stop or ts.stopped or (ts.tree.done() and not ts.hand and not ts.repairs):
+                break
+            launched = False
+            if not paused and len(ts.inflight) < self.settings.parallel and not ts.tree.done():
+                leaf = ts.tree.select()
+                if leaf is not None:
+                    ctx = self._context(ts, leaf, leaf.mode)
+                    if not self._proposer.can_expand(ctx):
+                        ts.tree.mark_exhausted(leaf)
+                        continue
+                    await self._slots.acquire()  # a global cap on evaluations in flight
+                    child, node_id = self._reserve(ts, leaf, ctx.mode)
+                    self._spawn(ts, self._expand(ts, leaf, child, node_id, ctx))
+                    launched = True
+                elif not ts.inflight:
+                    ts.tree.stop()  # nothing left to expand anywhere: the space is exhausted
+                    self.log(f"{tid}: search space exhausted after {ts.tree.evaluated} candidates")
+                    break
+            if launched:
+                continue
+            waiters = set(ts.inflight) | {asyncio.ensure_future(ts.wake.wait())}
+            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED, timeout=1.0)
+            for w in waiters - set(ts.inflight):
+                w.cancel()
+        if ts.inflight:
+            await asyncio.gather(*ts.inflight, return_exceptions=True)
+        reason = "stopped" if ts.stopped or self._stop else (ts.tree.stop_reason or "done")
+        best = ts.tree.best()
+        if ts.stopped:
+            self._set_status(ts, "stopped", reason)
+        elif best is None:
+            self._set_status(ts, "failed", "no verified candidate")
+        else:
+            self._set_status(ts, "done", reason)
+
+    def _spawn(self, ts: TaskState, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        ts.inflight.add(task)
+
+        def _done(t, ts=ts):
+            ts.inflight.discard(t)
+            ts.wake.set()
+            if not t.cancelled() and t.exception() is not None:
+                self.log(f"{ts.task.task_id}: internal error in an expansion: {t.exception()!r}", "error")
+
+        task.add_done_callback(_done)
+
+    def _drain_user_requests(self, ts: TaskState) -> None:
+        while ts.hand:
+            parent_id, source = ts.hand.pop(0)
+            self._spawn(ts, self._evaluate_hand(ts, parent_id, source))
+        while ts.repairs:
+            node_id = ts.repairs.pop(0)
+            leaf = ts.tree.nodes.get(node_id)
+            if leaf is None:
+                continue
+            ctx = self._context(ts, leaf, "repair")
+            child, node_id = self._reserve(ts, leaf, "repair")
+            self._spawn(ts, self._expand(ts, leaf, child, node_id, ctx, slot_held=False))
+
+    def _context(self, ts: TaskState, leaf, mode: str) -> ProposalContext:
+        from kforge_tui.device import device_info
+        from kforge_tui.workload import catalogue
+
+        task = ts.task
+        parent = ts.views[leaf.node_id]
+        ancestors, cur = [], parent.parent_id
+        while cur is not None and cur in ts.views:
+            ancestors.insert(0, ts.views[cur])
+            cur = ts.views[cur].parent_id
+        siblings = [v for v in ts.views.values() if v.parent_id == parent.node_id]
+        tried = [v.params for v in ts.views.values() if v.params]
+        b = ts.baseline or {}
+        best = ts.tree.best()
+        dev = device_info(task.backend).to_json()
+        if b.get("bandwidth_gbs"):
+            dev["bandwidth_gbs"] = b["bandwidth_gbs"]
+        return ProposalContext(
+            task=task.to_json(), signature=catalogue.signature(task).declaration(),
+            canonical=catalogue.canonical_doc(task), reference=catalogue.get(task.op).summary,
+            device=dev, eager_us=(b.get("eager") or {}).get("median_us"),
+            compiled_us=(b.get("compiled") or {}).get("median_us"), floor_us=b.get("floor_us"),
+            parent=parent, ancestors=ancestors, siblings=siblings, tried=tried, mode=mode,
+            best=ts.views.get(best.node_id) if best is not None else None,
+            seed=self.settings.seed * 100003 + ts.tree.evaluated + len(ts.views))
+
+    def _reserve(self, ts: TaskState, leaf, mode: str):
+        """Put the child in the store and the tree *before* proposing: in-flight exclusion starts now."""
+        tid = ts.task.task_id
+        node_id = self.store.add_node(tid, leaf.node_id, action="proposing", proposer=self._proposer.name,
+                                      status="pending")
+        child = ts.tree.add_child(leaf, node_id=node_id, action="proposing", mode=mode)
+        ts.views[node_id] = NodeView(node_id, leaf.node_id, "proposing", None)
+        self.emit(ev.NodeAdded(task_id=tid, node_id=node_id, parent_id=leaf.node_id,
+                               action="proposing", proposer=self._proposer.name))
+        self.emit(ev.NodeStage(task_id=tid, node_id=node_id, stage="proposing"))
+        return child, node_id
+
+    async def _expand(self, ts: TaskState, leaf, child, node_id: int, ctx: ProposalContext,
+                      slot_held: bool = True) -> None:
+        """One MCTS expansion: propose, evaluate, back up, emit. Releases the slot it was given."""
+        try:
+            if not slot_held:
+                await self._slots.acquire()
+            await self._expand_inner(ts, leaf, child, node_id, ctx)
+        finally:
+            self._slots.release()
+
+    async def _expand_inner(self, ts: TaskState, leaf, child, node_id: int, ctx: ProposalContext) -> None:
+        tid = ts.task.task_id
+        try:
+            proposal = await self._proposer.propose(ctx)
+        except Exception as e:  # a proposer bug is a failed proposal, not a dead search
+            proposal = Proposal(source=None, action=f"{ctx.mode}", proposer=self._proposer.name,
+                                error=f"proposer raised {type(e).__name__}: {e}")
+        self._account(proposal)
+        self.store.set_node_fields(node_id, action=proposal.action, source=proposal.source,
+                                   params=proposal.params or {}, prompt=proposal.prompt,
+                                   response=proposal.response, proposer=proposal.proposer)
+        child.action, child.params = proposal.action, dict(proposal.params or {})
+        ts.views[node_id] = NodeView(node_id, leaf.node_id, proposal.action, proposal.source,
+                                     params=proposal.params or {})
+        self.emit(ev.NodeAdded(task_id=tid, node_id=node_id, parent_id=leaf.node_id,
+                               action=proposal.action, proposer=proposal.proposer))
+        if proposal.source is None:
+            msg = proposal.error or "the proposer returned no code"
+            await self._record(ts, child, node_id, status="proposal_error", message=msg, result=None)
+            return
+        await self._evaluate(ts, child, node_id, proposal.source)
+
+    async def _evaluate_hand(self, ts: TaskState, parent_id: int, source: str) -> None:
+        tid = ts.task.task_id
+        leaf = ts.tree.nodes[parent_id]
+        async with self._slots:
+            node_id = self.store.add_node(tid, parent_id, action="hand", proposer="hand", source=source,
+                                          hand_written=True, status="pending")
+            child = ts.tree.add_child(leaf, node_id=node_id, action="hand", mode="hand")
+            ts.views[node_id] = NodeView(node_id, parent_id, "hand", source)
+            self.emit(ev.NodeAdded(task_id=tid, node_id=node_id, parent_id=parent_id, action="hand",
+                                   proposer="hand"))
+            await self._evaluate(ts, child, node_id, source)
+
+    async def _evaluate(self, ts: TaskState, child, node_id: int, source: str) -> None:
+        tid = ts.task.task_id
+
+        def on_stage(stage: str) -> None:
+            self.emit(ev.NodeStage(task_id=tid, node_id=node_id, stage=stage))
+
+        try:
+            result = await self._evaluator.evaluate(ts.task.to_json(), str(self.run_dir), source,
+                                                    on_stage=on_stage)
+        except Exception as e:  # the evaluator promises not to raise; if it does, record it
+            await self._record(ts, child, node_id, status="crash",
+                               message=f"evaluator error: {type(e).__name__}: {e}", result=None)
+            return
+        await self._record(ts, child, node_id, status=result.status, message=result.message,
+                           result=result)
+
+    async def _record(self, ts: TaskState, child, node_id: int, *, status: str, message: str, result) -> None:
+        from kforge_tui.search import mcts
+
+        tid = ts.task.task_id
+        ok = status == "ok"
+        speedup = result.speedup if (ok and result is not None) else None
+        time_us = result.timing.median_us if (ok and result and result.timing) else None
+        reward = mcts.reward(speedup) if ok and speedup else mcts.FAIL_REWARD
+        self.store.finish_node(node_id, status=status, message=message,
+                               result=result.to_json() if result is not None else None, reward=reward,
+                               time_us=time_us, speedup=speedup)
+        ts.tree.complete(child, reward=reward, ok=ok, time_us=time_us, speedup=speedup, message=message)
+        v = ts.views[node_id]
+        v.status, v.message, v.time_us, v.speedup = status, message, time_us, speedup
+        if result is not None:
+            v.resources = result.resources or {}
+            if not ok:
+                v.error_log = (result.mismatch.summary() + "\n" if result.mismatch else "") + (result.log or "")
+        else:
+            v.error_log = message
+        ts.iteration += 1
+        self.emit(ev.NodeFinished(task_id=tid, node_id=node_id, status=status, message=message,
+                                  time_us=time_us, speedup=speedup, reward=reward))
+        if ok and speedup and speedup > ts.best_speedup:
+            ts.best_speedup = speedup
+            self.emit(ev.BestImproved(task_id=tid, node_id=node_id, time_us=time_us, speedup=speedup,
+                                      iteration=ts.tree.evaluated))
+
+    def _account(self, p: Proposal) -> None:
+        if p.prompt_tokens or p.completion_tokens or p.cost_usd or p.prompt is not None:
+            self.store.add_llm_usage(model=p.proposer, prompt_tokens=p.prompt_tokens,
+                                     completion_tokens=p.completion_tokens, cost_usd=p.cost_usd,
+                                     ok=p.source is not None, error=p.error)
+            t = self._llm_totals
+            t["prompt_tokens"] += p.prompt_tokens
+            t["completion_tokens"] += p.completion_tokens
+            t["cost_usd"] += p.cost_usd
+            self.emit(ev.LLMUsage(**t))
+
+    def _set_status(self, ts: TaskState, status: str, detail: str = "") -> None:
+        self.store.set_task_status(ts.task.task_id, status)
+        self.emit(ev.TaskStatus(task_id=ts.task.task_id, status=status, detail=detail))
+
+    # ----------------------------------------------------------------- serving after the search
+
+    async def _serve_once(self) -> None:
+        """Live TUI: after the budget, still evaluate hand-written kernels and repairs on request."""
+        self._serve_wake.clear()
+        work = [ts for ts in self.tasks.values() if ts.hand or ts.repairs or
+                (not ts.tree.done() and not ts.stopped)]
+        if work:
+            await asyncio.gather(*(self._search_task(ts) for ts in work))
+            return
+        try:
+            await asyncio.wait_for(self._serve_wake.wait(), timeout=1.0)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _poll_commands(self) -> None:
+        """Commands posted into the store by a TUI in another process (control.py)."""
+        while True:
+            await asyncio.sleep(0.5)
+            try:
+                for cmd in self.store.take_commands():
+                    self._apply_command(cmd["name"], cmd.get("args") or {})
+            except Exception as e:
+                self.log(f"could not read commands: {e}", "warning")
+
+    def _apply_command(self, name: str, args: dict) -> None:
+        handler = {"pause": self.pause, "resume": self.resume, "add_budget": self.add_budget,
+                   "stop_task": self.stop_task, "submit_source": self.submit_source,
+                   "repair": self.repair, "request_stop": self.request_stop}.get(name)
+        if handler is None:
+            self.log(f"unknown command {name!r} ignored", "warning")
+            return
+        handler(**args)
+
+    async def _finish(self) -> dict:
+        from kforge_tui.report import show_json
+
+        s = self.settings
+        e2e = None
+        verified = [ts for ts in self.tasks.values() if ts.tree.best() is not None]
+        if s.end_to_end and verified:
+            self.emit(ev.Phase(name="integrate", detail="end-to-end check of the patched model"))
+            try:
+                if self.loaded is None:
+                    from kforge_tui.workload.loader import load_model
+
+                    self.loaded = await asyncio.to_thread(load_model, s.model, s.device)
+                from kforge_tui.integrate.e2e import check_end_to_end
+
+                e2e = await asyncio.to_thread(check_end_to_end, self.loaded, str(self.run_dir))
+                self.store.set_end_to_end(e2e)
+            except Exception as e:  # the search results stand even if the model can't be rebuilt
+                self.log(f"end-to-end check skipped: {type(e).__name__}: {e}", "warning")
+        self.store.set_run_status("stopped" if self._stop else "finished")
+        summary = show_json(str(self.run_dir), store=self.store)
+        summary["end_to_end"] = e2e
+        self.emit(ev.Phase(name="done"))
+        self.emit(ev.RunFinished(summary=summary))
+        return summary
+
+    # ----------------------------------------------------------------- EngineControl
+
+    def _wake(self, task_id: str | None = None) -> None:
+        for ts in ([self.tasks[task_id]] if task_id in self.tasks else self.tasks.values()):
+            ts.wake.set()
+        if self._serve_wake is not None:
+            self._serve_wake.set()
+
+    def pause(self, task_id: str | None = None) -> None:
+        if task_id is None:
+            self._paused_all = True
+        elif task_id in self.tasks:
+            self.tasks[task_id].paused = True
+            self._set_status(self.tasks[task_id], "paused")
+        self._wake(task_id)
+
+    def resume(self, task_id: str | None = None) -> None:
+        if task_id is None:
+            self._paused_all = False
+            for ts in self.tasks.values():
+                ts.paused = False
+        elif task_id in self.tasks:
+            self.tasks[task_id].paused = False
+            self._set_status(self.tasks[task_id], "searching")
+        self._wake(task_id)
+
+    def add_budget(self, task_id: str, extra: int) -> None:
+        ts = self.tasks.get(task_id)
+        if ts is None or extra <= 0:
+            return
+        ts.tree.add_budget(int(extra))
+        ts.stopped = False
+        self.store.set_budget(task_id, ts.tree.budget)
+        self.log(f"{task_id}: budget now {ts.tree.budget}")
+        self._wake(task_id)
+
+    def stop_task(self, task_id: str) -> None:
+        ts = self.tasks.get(task_id)
+        if ts is not None:
+            ts.stopped = True
+            ts.tree.stop()
+            self._wake(task_id)
+
+    def submit_source(self, task_id: str, parent_id: int, source: str) -> None:
+        ts = self.tasks.get(task_id)
+        if ts is not None and ts.tree.nodes.get(parent_id) is not None:
+            ts.hand.append((parent_id, source))
+            self._wake(task_id)
+
+    def repair(self, task_id: str, node_id: int) -> None:
+        ts = self.tasks.get(task_id)
+        if ts is not None and ts.tree.nodes.get(node_id) is not None:
+            ts.repairs.append(node_id)
+            self._wake(task_id)
+
+    def request_stop(self) -> None:
+        self._stop = True
+        self._wake()
+
+    @property
+    def elapsed(self) -> float:
+        return time.time() - self._t0
+
+
+# --------------------------------------------------------------------- helpers
+
+def _view(row: dict) -> NodeView:
+    result = row.get("result") or {}
+    log = ""
+    if row.get("status") not in ("ok", "pending", None):
+        mm = result.get("mismatch") if isinstance(result, dict) else None
+        log = (str(mm) + "\n" if mm else "") + (result.get("log", "") if isinstance(result, dict) else "")
+        log = log or row.get("message") or ""
+    return NodeView(row["id"], row.get("parent_id"), row.get("action") or "", row.get("source"),
+                    params=row.get("params") or {}, status=row.get("status") or "pending",
+                    message=row.get("message") or "", time_us=row.get("time_us"),
+                    speedup=row.get("speedup"),
+                    resources=(result.get("resources") if isinstance(result, dict) else None) or {},
+                    error_log=log)
+
+
+def _baseline_json(b) -> dict:
+    if isinstance(b, dict):
+        return b
+    return asdict(b)
+
+
+def _fail_reward() -> float:
+    from kforge_tui.search import mcts
+
+    return mcts.FAIL_REWARD
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("KFORGE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "kforge")
+    p = Path(base) / "compile"
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+__all__ = ["Engine", "OptimizeSettings", "settings_for_resume", "WorkFailed"]

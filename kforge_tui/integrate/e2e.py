@@ -1,0 +1,208 @@
+"""End-to-end check: does the patched model give the same outputs, and is its forward faster?
+
+Runs the original and the patched model on the example inputs and on fresh inputs of the same
+shapes/dtypes/value ranges, compares every floating output against a per-dtype tolerance, and
+times both forwards the same way: warm-up, then eager and patched forwards interleaved one by
+one (so drift in clocks or load hits both alike), device sync around each, median of many.
+Eager is timed with no wrapper installed at all, so the wrapper's own cost counts against the
+patch, never against eager.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+from kforge_tui.integrate import loader
+from kforge_tui.integrate.patch import prepare
+
+# (rtol, atol) for whole-model outputs: looser than per-op verification, since differences of a
+# few ulps inside the model are amplified by the layers after the patched op.
+TOLERANCE = {"float32": (1e-3, 1e-4), "float64": (1e-6, 1e-8), "float16": (1e-2, 1e-3),
+             "bfloat16": (2e-2, 1e-2)}
+
+
+def _tensors(out, prefix="out"):
+    """Flatten a model output (tensor, tuple/list, dict, HF ModelOutput) into (name, tensor)."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        yield prefix, out
+    elif isinstance(out, dict):
+        for k, v in out.items():
+            yield from _tensors(v, f"{prefix}.{k}")
+    elif isinstance(out, (list, tuple)):
+        for i, v in enumerate(out):
+            yield from _tensors(v, f"{prefix}[{i}]")
+    # anything else (caches, None, strings) carries no comparable numbers
+
+
+def _forward(model, inputs):
+    import torch
+
+    with torch.inference_mode():
+        out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+    return [(n, t.detach().clone()) for n, t in _tensors(out)]
+
+
+def fresh_like(inputs, seed: int):
+    """Inputs of the same structure, shapes and dtypes with new values in the same range."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+
+    def one(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        if t.is_floating_point():
+            f = t.detach().float().cpu()
+            std = float(f.std()) if f.numel() > 1 else 1.0
+            std = std if std > 0 else 1.0
+            v = torch.randn(t.shape, generator=g) * std + float(f.mean())
+            return v.to(t.dtype).to(t.device)
+        if t.dtype == torch.bool or t.numel() == 0:
+            return t.clone()
+        lo, hi = int(t.min()), int(t.max())
+        return torch.randint(lo, hi + 1, t.shape, generator=g, dtype=t.dtype).to(t.device)
+
+    if isinstance(inputs, dict):
+        return {k: one(v) for k, v in inputs.items()}
+    return tuple(one(v) for v in inputs)
+
+
+def compare(ref: list, got: list) -> dict:
+    """max abs/rel error over all outputs; within = every element within atol + rtol*|ref|."""
+    import torch
+
+    worst_abs = worst_rel = 0.0
+    within, notes = True, []
+    if [n for n, _ in ref] != [n for n, _ in got]:
+        return {"max_abs_err": float("inf"), "max_rel_err": float("inf"), "within_tolerance": False,
+                "notes": ["output structure differs"]}
+    for (name, r), (_, g) in zip(ref, got):
+        if r.shape != g.shape or r.dtype != g.dtype:
+            within = False
+            notes.append(f"{name}: shape/dtype {tuple(g.shape)} {g.dtype} vs {tuple(r.shape)} {r.dtype}")
+            continue
+        if not r.is_floating_point():
+            if not torch.equal(r, g):
+                within = False
+                notes.append(f"{name}: integer output differs")
+            continue
+        rtol, atol = TOLERANCE.get(str(r.dtype).replace("torch.", ""), (1e-3, 1e-4))
+        r64, g64 = r.double(), g.double()
+        nan_r, nan_g = torch.isnan(r64), torch.isnan(g64)
+        if not torch.equal(nan_r, nan_g):
+            within = False
+            notes.append(f"{name}: NaN where the original has none (or the reverse)")
+        ok = ~nan_r & ~nan_g
+        if not bool(ok.any()):
+            continue
+        diff = (r64 - g64).abs()[ok]
+        ra = r64.abs()[ok]
+        worst_abs = max(worst_abs, float(diff.max()))
+        worst_rel = max(worst_rel, float((diff / (ra + atol)).max()))
+        bad = int((diff > atol + rtol * ra).sum())
+        if bad:
+            within = False
+            notes.append(f"{name}: {bad}/{diff.numel()} elements outside rtol {rtol} atol {atol}")
+    return {"max_abs_err": worst_abs, "max_rel_err": worst_rel, "within_tolerance": within,
+            "notes": notes}
+
+
+def _sync(device_type: str):
+    if device_type == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _device_type(loaded) -> str:
+    return "cuda" if str(getattr(loaded, "device", "cpu")).startswith("cuda") else "cpu"
+
+
+def _time_interleaved(model, inputs, runtime, device_type: str, iters: int, warmup: int):
+    """Median wall time (ms) of eager and patched forwards, alternated one by one."""
+    import torch
+
+    def once():
+        _sync(device_type)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+        _sync(device_type)
+        return (time.perf_counter() - t0) * 1e3
+
+    eager, patched = [], []
+    for i in range(warmup + iters):
+        e = once()
+        loader.install(model, runtime)
+        try:
+            p = once()
+        finally:
+            loader.uninstall(model)
+        if i >= warmup:
+            eager.append(e)
+            patched.append(p)
+    return eager, patched
+
+
+def check_end_to_end(loaded, run_dir, *, fresh_inputs: int = 1, iters: int = 20,
+                     min_speedup: float = 1.02, ops: list[str] | None = None,
+                     warmup: int = 3) -> dict:
+    """Patch `loaded.model` with RUN_DIR's winners, compare outputs with the original, time both.
+
+    Returns DESIGN.md's `apply --json` fields plus detail: max_abs_err, max_rel_err,
+    within_tolerance, eager_ms, patched_ms, speedup, kernels_used {task_id: calls},
+    fallbacks {what: calls}, skipped {task_id: why}. The model is left unpatched afterwards.
+    """
+    model, inputs = loaded.model, loaded.example_inputs
+    loader.uninstall(model)
+    prep = prepare(run_dir, min_speedup=min_speedup, ops=ops)
+    base = {"run_dir": str(run_dir), "message": prep.message, "skipped": prep.skipped,
+            "kernels": [], "kernels_used": {}, "fallbacks": {}}
+    if not prep.specs:
+        return dict(base, max_abs_err=0.0, max_rel_err=0.0, within_tolerance=True, eager_ms=None,
+                    patched_ms=None, speedup=None, inputs_checked=0)
+    runtime = loader.Runtime([loader.Kernel(s) for s in prep.specs])
+    sets = [inputs] + [fresh_like(inputs, seed) for seed in range(1, fresh_inputs + 1)]
+    device_type = _device_type(loaded)
+
+    ref = [_forward(model, s) for s in sets]
+    loader.install(model, runtime)
+    try:
+        got = [_forward(model, s) for s in sets]
+    finally:
+        loader.uninstall(model)
+    calls = dict(runtime.counts)
+    fallbacks = runtime.fallbacks
+
+    cmp = {"max_abs_err": 0.0, "max_rel_err": 0.0, "within_tolerance": True, "notes": []}
+    for i, (r, g) in enumerate(zip(ref, got)):
+        c = compare(r, g)
+        cmp["max_abs_err"] = max(cmp["max_abs_err"], c["max_abs_err"])
+        cmp["max_rel_err"] = max(cmp["max_rel_err"], c["max_rel_err"])
+        cmp["within_tolerance"] &= c["within_tolerance"]
+        label = "example inputs" if i == 0 else f"fresh inputs {i}"
+        cmp["notes"] += [f"{label}: {n}" for n in c["notes"]]
+
+    eager, patched = _time_interleaved(model, inputs, runtime, device_type, iters, warmup)
+    eager_ms, patched_ms = statistics.median(eager), statistics.median(patched)
+    kernels = [{"task_id": s["task_id"], "op": s["op"], "shape": s["shape"], "dtype": s["dtype"],
+                "op_speedup": s["speedup"], "calls": calls.get(s["task_id"], 0)} for s in prep.specs]
+    return dict(base, **cmp, eager_ms=eager_ms, patched_ms=patched_ms,
+                speedup=eager_ms / patched_ms if patched_ms > 0 else None,
+                eager_spread=_spread(eager), patched_spread=_spread(patched),
+                kernels=kernels, kernels_used={k: n for k, n in calls.items() if n},
+                fallbacks=fallbacks, inputs_checked=len(sets), iters=iters,
+                method=(f"wall clock{' with cuda sync' if device_type == 'cuda' else ''}, {warmup} "
+                        f"warm-up, eager/patched alternated, median of {iters}"))
+
+
+def _spread(xs: list[float]) -> float:
+    """(p90 - p10) / median, reported next to each median so noise is visible."""
+    if len(xs) < 2:
+        return 0.0
+    s = sorted(xs)
+    p = lambda q: s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]  # noqa: E731
+    m = statistics.median(s)
+    return (p(0.9) - p(0.1)) / m if m else 0.0

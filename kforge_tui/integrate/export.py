@@ -1,0 +1,142 @@
+"""`kforge export RUN_DIR OUT_DIR`: a package that needs only torch to put the winners in.
+
+OUT_DIR becomes an importable package: `__init__.py` (apply(model) / remove(model)),
+`_loader.py` (a verbatim copy of integrate/loader.py, which imports only torch/ctypes/stdlib),
+`kernels/` (each winner's source and its prebuilt binary) and `manifest.json` (op, shapes,
+dtypes, measured speedups, device, date). Binaries are built for the architecture the run was
+verified on; on another GPU/CPU the package rebuilds them from source when a compiler is there,
+else apply() raises one clear error naming both architectures.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import shutil
+from pathlib import Path
+
+from kforge_tui.errors import UsageError, WorkFailed
+from kforge_tui.integrate import loader
+from kforge_tui.integrate.patch import build, spec_for, winners
+
+FORMAT = 1
+
+INIT_TEMPLATE = '''"""Kernels found by kforge-tui for {model!r} ({n} kernel(s), {arch}, exported {date}).
+
+Needs only torch. Usage:
+    import {name}
+    {name}.apply(model)    # matching op calls now run the kernels; everything else stays PyTorch
+    {name}.remove(model)
+See manifest.json for ops, shapes, dtypes and measured speedups.
+"""
+import json as _json
+from pathlib import Path as _Path
+
+from . import _loader
+
+_HERE = _Path(__file__).resolve().parent
+manifest = _json.loads((_HERE / "manifest.json").read_text())
+_runtime = None
+
+
+def runtime():
+    """Load (or, on another architecture, rebuild) the kernels once per process."""
+    global _runtime
+    if _runtime is None:
+        _runtime = _loader.load_export(_HERE)
+    return _runtime
+
+
+def apply(model):
+    """Route `model`'s calls of the exported op/shape/dtype combinations to the kernels."""
+    _loader.install(model, runtime())
+    return model
+
+
+def remove(model):
+    """Undo apply(); True if something was removed."""
+    return _loader.uninstall(model)
+
+
+def counts():
+    """task_id -> calls that ran a kernel so far in this process."""
+    return dict(runtime().counts)
+
+
+def fallbacks():
+    return runtime().fallbacks
+'''
+
+
+def _check_out_dir(out: Path) -> None:
+    if not out.name.isidentifier():
+        raise UsageError(f"{out}: the export is a Python package, so its name must be an identifier "
+                         f"(letters, digits, underscores), e.g. {''.join(c if c.isalnum() else '_' for c in out.name)}")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out} exists and is not a directory")
+    if out.exists() and any(out.iterdir()) and not (out / "manifest.json").exists():
+        raise UsageError(f"{out} exists, is not empty and is not an earlier export; choose another OUT_DIR")
+
+
+def export_run(run_dir, out_dir, *, min_speedup: float = 1.02) -> Path:
+    """Write RUN_DIR's verified winners (speedup >= min_speedup) as a torch-only package."""
+    from kforge_tui import __version__
+    from kforge_tui.device import nvcc_path
+    from kforge_tui.sandbox.compile import compile_flags
+
+    out = Path(out_dir).resolve()
+    _check_out_dir(out)
+    rows, skipped, info, n = winners(run_dir, min_speedup=min_speedup)
+    if not rows:
+        why = "; ".join(f"{k}: {v}" for k, v in list(skipped.items())[:3])
+        raise WorkFailed(f"nothing to export: no verified kernel in {run_dir} ({n} task(s)"
+                         + (f"; {why}" if why else "") + ")")
+    device = info.get("device") or {}
+    backends = {r["task"].get("backend", "cpu") for r in rows}
+    if len(backends) != 1:
+        raise WorkFailed(f"{run_dir} mixes backends {sorted(backends)}; export one backend per package")
+    backend = backends.pop()
+    if backend == "cuda":
+        build_arch = device.get("arch") or ""
+        if not build_arch.startswith("sm_"):
+            raise WorkFailed(f"{run_dir} does not record the GPU architecture it was verified on")
+        if nvcc_path() is None:
+            raise WorkFailed(f"cannot build the kernels for {build_arch}: nvcc was not found "
+                             "(set KFORGE_NVCC or put nvcc on PATH)")
+        arch_label = build_arch
+    else:
+        # -march=native binaries are for this CPU; record it so another CPU rebuilds
+        build_arch, arch_label = "native", loader.current_arch("cpu")
+
+    kdir = out / "kernels"
+    if kdir.exists():
+        shutil.rmtree(kdir)
+    shutil.rmtree(out / "build", ignore_errors=True)
+    kdir.mkdir(parents=True)
+    ext = ".cu" if backend == "cuda" else ".cpp"
+    entries = []
+    for row in rows:
+        tid = row["task_id"]
+        try:
+            lib = build(row["source"], backend, build_arch, Path(run_dir) / "cache")
+        except Exception as e:
+            raise WorkFailed(f"cannot build {tid} for {arch_label}: {e}") from None
+        (kdir / f"{tid}{ext}").write_text(row["source"])
+        shutil.copyfile(lib, kdir / f"{tid}.so")
+        spec = spec_for(row["task"], "", row)
+        spec.pop("lib")
+        spec.update(source=f"kernels/{tid}{ext}", binary=f"kernels/{tid}.so")
+        entries.append(spec)
+    import torch
+
+    manifest = {"format": FORMAT, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "kforge_version": __version__, "torch_version": torch.__version__,
+                "model": info.get("model"), "backend": backend, "arch": arch_label,
+                "device": device, "compile_flags": compile_flags(backend, build_arch),
+                "min_speedup": min_speedup, "kernels": entries,
+                "left_to_pytorch": skipped}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    shutil.copyfile(loader.__file__, out / "_loader.py")
+    (out / "__init__.py").write_text(INIT_TEMPLATE.format(
+        model=info.get("model"), n=len(entries), arch=arch_label, date=manifest["created"][:10],
+        name=out.name))
+    return out

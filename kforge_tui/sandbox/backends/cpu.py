@@ -1,0 +1,128 @@
+"""The cpu backend of the worker: wall-clock timing, LLC flush, memcpy bandwidth, no stream.
+
+Candidates are C++ compiled with -fopenmp; they link the system libgomp, a different OpenMP
+runtime from the one inside torch, which reads OMP_NUM_THREADS when the first candidate is
+loaded. `setup()` sets it to torch.get_num_threads() so candidate and eager get the same cores.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from pathlib import Path
+
+import torch
+
+# Flushing a buffer of 2x the LLC each call is the textbook recipe, but VMs report odd LLC
+# sizes (this CI box says 300 MB for 2 cores) and a flush that large would dominate a batch;
+# 64 MiB comfortably exceeds any per-core share of a real LLC. KFORGE_CPU_FLUSH_BYTES overrides.
+MAX_FLUSH = 64 * 2**20
+
+
+def llc_bytes() -> int:
+    best = 0
+    for idx in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            size = (idx / "size").read_text().strip()
+        except OSError:
+            continue
+        mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:], 1)
+        try:
+            best = max(best, int(size.rstrip("KMG")) * mult)
+        except ValueError:
+            pass
+    return best or 32 * 2**20
+
+
+class CpuBackend:
+    name = "cpu"
+    has_stream = False
+
+    def __init__(self, device_index: int = 0):
+        self.device = torch.device("cpu")
+        self.threads = torch.get_num_threads()
+        self.llc = llc_bytes()
+        self.cache_bytes = self.llc
+        nbytes = int(os.environ.get("KFORGE_CPU_FLUSH_BYTES", min(2 * self.llc, MAX_FLUSH)))
+        self._flush_buf = torch.zeros(nbytes // 4, dtype=torch.float32)
+        self.flush_bytes = nbytes
+
+    def setup(self) -> None:
+        os.environ["OMP_NUM_THREADS"] = str(self.threads)
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+    def describe(self) -> str:
+        from kforge_tui.device import device_info
+
+        return f"{device_info('cpu').name}, {self.threads} threads"
+
+    def arch(self) -> str:
+        return "native"
+
+    # -- calls
+    def stream_handle(self):
+        return None
+
+    def stream_context(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def sync(self) -> None:
+        """Nothing is asynchronous on the cpu: a candidate's call has returned when we look."""
+
+    def check_device(self) -> None:
+        """No device context that a candidate can corrupt on the cpu."""
+
+    def error_name(self, rc: int) -> str:
+        return f"{rc}"
+
+    # -- timing
+    def flush(self) -> None:
+        self._flush_buf.add_(1.0)
+
+    def start(self):
+        return time.perf_counter_ns()
+
+    def stop(self, tok) -> float:
+        return (time.perf_counter_ns() - tok) / 1e3
+
+    def timing_method(self, sets: int) -> str:
+        return (f"wall clock (perf_counter_ns), {self.flush_bytes // 2**20} MiB cache flush, "
+                f"{sets} input sets rotated, {self.threads} threads")
+
+    def scrub(self, nbytes: list[int]) -> None:
+        """Allocate-and-garbage-fill blocks of the sizes the reference freed, so a candidate that
+        mallocs a buffer of the output's size finds garbage, not PyTorch's last result."""
+        keep = [torch.full((max(n, 1) // 4 + 1,), float("nan"), dtype=torch.float32) for n in nbytes]
+        del keep
+
+    # -- roofline
+    def bandwidth_key(self) -> str:
+        return f"cpu:{self.describe()}"
+
+    def measure_bandwidth(self) -> tuple[float, str]:
+        """Best of a copy (read + write bytes) and a read-only sum over 256 MiB, best of 5.
+
+        The better of the two and the best run are used because the floor must never be
+        above what an honest kernel can reach (a copy pays write-allocate traffic that a kernel
+        with streaming stores avoids)."""
+        n = 64 * 2**20  # float32 elements: 256 MiB
+        src = torch.ones(n, dtype=torch.float32)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        best_copy = best_read = 0.0
+        for _ in range(5):
+            t = time.perf_counter()
+            dst.copy_(src)
+            best_copy = max(best_copy, 2 * n * 4 / (time.perf_counter() - t) / 1e9)
+            t = time.perf_counter()
+            src.sum()
+            best_read = max(best_read, n * 4 / (time.perf_counter() - t) / 1e9)
+        gbs = max(best_copy, best_read)
+        return gbs, (f"cpu memory bandwidth {gbs:.1f} GB/s (best of copy {best_copy:.1f}, "
+                     f"read {best_read:.1f}; 256 MiB, {self.threads} threads)")
+
+
+def load_library(path: str):
+    return ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)

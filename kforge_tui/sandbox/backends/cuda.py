@@ -1,0 +1,124 @@
+"""The cuda backend of the worker: a private non-default stream, events, L2 flush, D2D bandwidth.
+
+Everything the harness does (poison, flush, candidate launch, checks) is enqueued on the
+worker's own stream; `sync()` waits for that stream only, so a candidate that moves its work to
+another stream is still running when its output is checked. `check_device()` then synchronises
+the whole device so asynchronous faults (illegal address, trap) surface on *this* candidate; a
+fault there is sticky, so the worker reports it as fatal and exits to be restarted.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+
+class FatalDeviceError(Exception):
+    """The CUDA context is unusable (sticky error): report, then exit so the pool restarts us."""
+
+
+class CudaBackend:
+    name = "cuda"
+    has_stream = True
+
+    def __init__(self, device_index: int = 0):
+        torch.cuda.set_device(device_index)
+        self.device = torch.device("cuda", device_index)
+        self.index = device_index
+        self.props = torch.cuda.get_device_properties(device_index)
+        self.stream = torch.cuda.Stream(device=self.device)  # non-default, ours alone
+        l2 = int(getattr(self.props, "L2_cache_size", 0) or 0) or 50 * 2**20
+        self.cache_bytes = l2
+        # >= 2x L2, written between calls so neither inputs nor outputs stay resident.
+        self._flush_buf = torch.empty(2 * l2 // 4 + 1024, dtype=torch.float32, device=self.device)
+        self.flush_bytes = self._flush_buf.numel() * 4
+
+    def setup(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return f"{self.props.name} (sm_{self.props.major}{self.props.minor}), device {self.index}"
+
+    def arch(self) -> str:
+        return f"sm_{self.props.major}{self.props.minor}"
+
+    # -- calls
+    def stream_handle(self) -> int:
+        return self.stream.cuda_stream
+
+    def stream_context(self):
+        return torch.cuda.stream(self.stream)
+
+    def sync(self) -> None:
+        self.stream.synchronize()
+
+    def check_device(self) -> None:
+        try:
+            torch.cuda.synchronize(self.device)
+            torch.zeros(1, device=self.device).add_(1).item()
+        except Exception as e:  # torch raises RuntimeError/AcceleratorError for CUDA faults
+            raise FatalDeviceError(f"CUDA error: {str(e).splitlines()[0]}") from None
+
+    def error_name(self, rc: int) -> str:
+        try:
+            lib = ctypes.CDLL("libcudart.so", mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            try:
+                rt = torch.cuda.cudart()
+                return f"{rc} ({rt.cudaGetErrorString(rc)})"
+            except Exception:
+                return str(rc)
+        lib.cudaGetErrorName.restype = ctypes.c_char_p
+        return f"{rc} ({lib.cudaGetErrorName(rc).decode()})"
+
+    # -- timing
+    def flush(self) -> None:
+        self._flush_buf.zero_()
+
+    def start(self):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record(self.stream)
+        return a, b
+
+    def stop(self, tok) -> float:
+        a, b = tok
+        b.record(self.stream)
+        b.synchronize()
+        return a.elapsed_time(b) * 1e3
+
+    def timing_method(self, sets: int) -> str:
+        return (f"cuda events on the worker stream, {self.flush_bytes // 2**20} MiB L2 flush, "
+                f"{sets} input sets rotated")
+
+    def scrub(self, nbytes: list[int]) -> None:
+        """Overwrite blocks the caching allocator holds (freed reference outputs and temporaries)
+        and what it hands back to the driver, so neither a torch-sized allocation nor a raw
+        cudaMalloc by the candidate finds PyTorch's last result lying around."""
+        with torch.cuda.stream(self.stream):
+            keep = [torch.full((max(n, 1) // 4 + 1,), float("nan"), device=self.device)
+                    for n in nbytes for _ in range(2)]
+            del keep
+        self.stream.synchronize()
+        torch.cuda.empty_cache()
+
+    # -- roofline
+    def bandwidth_key(self) -> str:
+        return f"cuda:{self.props.name}:{self.index}"
+
+    def measure_bandwidth(self) -> tuple[float, str]:
+        """A 1 GiB device-to-device copy (bytes read + written), best of 10 event-timed runs."""
+        n = 2**28  # float32: 1 GiB
+        src = torch.ones(n, device=self.device)
+        dst = torch.empty_like(src)
+        best = 0.0
+        with torch.cuda.stream(self.stream):
+            dst.copy_(src)
+            for _ in range(10):
+                tok = self.start()
+                dst.copy_(src)
+                us = self.stop(tok)
+                best = max(best, 2 * n * 4 / (us * 1e-6) / 1e9)
+        del src, dst
+        torch.cuda.empty_cache()
+        return best, f"device-to-device copy {best:.0f} GB/s (1 GiB, read + write, best of 10)"

@@ -1,0 +1,93 @@
+"""Parameterised, expert-written kernel families: the built-in proposer's search space.
+
+A family is one kernel *design* (block per row, warp per row, split row, two-phase group
+reduction, ...) for some ops on one backend, with a small discrete parameter space (threads,
+vector width, rows per block, ...). The built-in proposer moves through these spaces with MCTS
+on real measurements; nothing here knows any benchmark shape. Every render is one
+self-contained source file that exports exactly `catalogue.signature(task).declaration()`.
+
+Families use the task's shape at render time only for *compile-time sizing* (how many register
+items a thread caches); every launcher checks the runtime sizes and alignment and falls back to
+a generic instantiation, so a kernel is never wrong for an input it was not sized for.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kforge_tui.task import Task
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    ops: tuple[str, ...]
+    backend: str
+    space: dict[str, tuple]  # parameter -> allowed values, in increasing "size" order
+    _default: Callable[[Task], dict] = field(repr=False, compare=False)
+    _valid: Callable[[Task, dict], bool] = field(repr=False, compare=False)
+    _render: Callable[[Task, dict], str] = field(repr=False, compare=False)
+    doc: str = ""
+
+    def applies(self, task: Task) -> bool:
+        """Whether this family can serve the task at all (its default point is valid)."""
+        if task.op not in self.ops or task.backend != self.backend:
+            return False
+        try:
+            return self.valid(task, self.default(task))
+        except (KeyError, ValueError, ZeroDivisionError, TypeError):
+            return False
+
+    def default(self, task: Task) -> dict:
+        """A sensible starting point for this task's shape and dtype."""
+        return dict(self._default(task))
+
+    def valid(self, task: Task, params: dict) -> bool:
+        """Every parameter present and allowed, and the family's own shape/resource rules hold."""
+        if set(params) != set(self.space):
+            return False
+        if any(params[k] not in vals for k, vals in self.space.items()):
+            return False
+        return bool(self._valid(task, params))
+
+    def render(self, task: Task, params: dict) -> str:
+        if not self.valid(task, params):
+            raise ValueError(f"{self.name}: invalid parameters {params} for {task.task_id}")
+        return self._render(task, params)
+
+
+_REGISTRY: list[Family] = []
+
+
+def register(fam: Family) -> Family:
+    _REGISTRY.append(fam)
+    return fam
+
+
+def all_families() -> list[Family]:
+    _load()
+    return list(_REGISTRY)
+
+
+def families_for(task: Task) -> list[Family]:
+    """The families that can serve this task (by op, backend and shape), in registry order."""
+    return [f for f in all_families() if f.applies(task)]
+
+
+def get_family(name: str, backend: str) -> Family:
+    for f in all_families():
+        if f.name == name and f.backend == backend:
+            return f
+    raise KeyError(f"no kernel family {name!r} for backend {backend!r}")
+
+
+_loaded = False
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    # Importing the modules registers their families (one module per op family).
+    from kforge_tui.search.families import eltwise, norms, pool, softmax  # noqa: F401

@@ -1,0 +1,238 @@
+"""Elementwise families: gelu (erf / tanh), silu, relu, and the gated silu(a) * b.
+
+All compute in f32 and round once, as PyTorch does for half types; silu(a) * b rounds silu(a)
+to the input dtype first, because that is what the two-op PyTorch reference does.
+
+cuda:
+  vec_grid  one (or `unroll`) 16-byte packs per thread over the flat tensor, scalar tail kernel.
+  rows_vec  silu_mul over [rows, cols] with row strides (a, b may be halves of one tensor).
+cpu:
+  flat_omp / rows_omp  `omp parallel for simd`, polynomial exp so the loop vectorises.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kforge_tui.search.families import Family, register
+from kforge_tui.search.families._common import ELEM_BYTES, cpu_head, cuda_head, entry, fill
+from kforge_tui.task import Task
+from kforge_tui.workload import catalogue
+
+FLAT_OPS = ("gelu", "silu", "relu")
+
+
+def _fn_cuda(task: Task) -> str:
+    """`kf_op(float) -> float` for the task's op (device code)."""
+    if task.op == "relu":
+        body = "return v < 0.f ? 0.f : v;"  # keeps NaN, as torch.relu does
+    elif task.op == "gelu" and task.params.get("approximate", "none") == "tanh":
+        body = "const float u = 0.7978845608028654f * (v + 0.044715f * v * v * v); return v / (1.f + expf(-2.f * u));"
+    elif task.op == "gelu":
+        body = "return 0.5f * v * (1.f + erff(v * 0.7071067811865476f));"
+    else:
+        body = "return v / (1.f + expf(-v));"
+    return f"__device__ __forceinline__ float kf_op(float v) {{ {body} }}\n"
+
+
+def _fn_cpu(task: Task, exp: str) -> str:
+    if task.op == "relu":
+        body = "return v < 0.f ? 0.f : v;"
+    elif task.op == "gelu" and task.params.get("approximate", "none") == "tanh":
+        body = f"const float u = 0.7978845608028654f * (v + 0.044715f * v * v * v); return v / (1.f + {exp}(-2.f * u));"
+    elif task.op == "gelu":
+        body = "return 0.5f * v * (1.f + erff(v * 0.7071067811865476f));"
+    else:
+        body = f"return v / (1.f + {exp}(-v));"
+    return f"inline float kf_op(float v) {{ {body} }}\n"
+
+
+def _uses_exp(task: Task) -> bool:
+    return task.op in ("silu", "silu_mul") or (task.op == "gelu" and task.params.get("approximate") == "tanh")
+
+
+_CUDA_FLAT = r"""
+template <int THREADS, int VEC, int UNROLL>
+__global__ void __launch_bounds__(THREADS) kf_elt(const TI* __restrict__ x, TO* __restrict__ y, int64_t npack) {
+  const int64_t i0 = (int64_t)blockIdx.x * THREADS * UNROLL + threadIdx.x;
+  kf_pack<TI, VEC> p[UNROLL];
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    const int64_t i = i0 + (int64_t)u * THREADS;
+    if (i < npack) p[u] = kf_load<TI, VEC>(x + i * VEC);
+  }
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    const int64_t i = i0 + (int64_t)u * THREADS;
+    if (i < npack) {
+      kf_pack<TO, VEC> o;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) o.v[j] = kf_to<TO>(kf_op(kf_f(p[u].v[j])));
+      kf_store<TO, VEC>(y + i * VEC, o);
+    }
+  }
+}
+"""
+
+_CUDA_FLAT_LAUNCH = r"""
+  if (numel <= 0) return 0;
+  const bool fast = kf_aligned(x, @VEC@ * sizeof(TI)) && kf_aligned(y, @VEC@ * sizeof(TO));
+  const int vec = fast ? @VEC@ : 1;
+  const int64_t npack = numel / vec, per = (int64_t)@THREADS@ * @UNROLL@;
+  const int64_t blocks = (npack + per - 1) / per;
+  if (blocks > 2147483647) return -1;
+  if (npack > 0) {
+    if (fast) kf_elt<@THREADS@, @VEC@, @UNROLL@><<<(unsigned)blocks, @THREADS@, 0, stream>>>(x, y, npack);
+    else kf_elt<@THREADS@, 1, @UNROLL@><<<(unsigned)blocks, @THREADS@, 0, stream>>>(x, y, npack);
+  }
+  const int64_t tail = numel - npack * vec;
+  if (tail > 0) kf_elt<32, 1, 1><<<1, 32, 0, stream>>>(x + npack * vec, y + npack * vec, tail);
+  return (int)cudaGetLastError();
+"""
+
+
+def _flat_default(task: Task) -> dict:
+    vec = 16 // max(ELEM_BYTES[task.dtype], ELEM_BYTES[task.output.dtype])
+    n = task.inputs[0].numel
+    return {"threads": 256, "vec": vec, "unroll": 2 if n >= 256 * vec * 2 * 132 * 8 else 1}
+
+
+def _flat_valid(task: Task, p: dict) -> bool:
+    return max(ELEM_BYTES[task.dtype], ELEM_BYTES[task.output.dtype]) * p["vec"] <= 32
+
+
+def _flat_render(task: Task, p: dict) -> str:
+    body = fill(_CUDA_FLAT_LAUNCH, THREADS=p["threads"], VEC=p["vec"], UNROLL=p["unroll"])
+    return cuda_head(task) + _fn_cuda(task) + _CUDA_FLAT + entry(task, "cuda", body)
+
+
+register(Family("vec_grid", FLAT_OPS, "cuda",
+                {"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8, 16), "unroll": (1, 2, 4)},
+                _flat_default, _flat_valid, _flat_render,
+                doc="16-byte packs, `unroll` packs in flight per thread, scalar tail"))
+
+
+_CUDA_ROWS = r"""
+template <int THREADS, int VEC, int UNROLL>
+__global__ void __launch_bounds__(THREADS) kf_silu_mul(const TI* __restrict__ a, int64_t sa, const TI* __restrict__ b,
+    int64_t sb, TO* __restrict__ y, int64_t rows, int64_t cols) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const TI* ar = a + r * sa;
+    const TI* br = b + r * sb;
+    TO* yr = y + r * cols;
+    const int64_t c0 = ((int64_t)blockIdx.x * THREADS * UNROLL + threadIdx.x) * VEC;
+    kf_pack<TI, VEC> pa[UNROLL], pb[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t c = c0 + (int64_t)u * THREADS * VEC;
+      if (c < cols) { pa[u] = kf_load<TI, VEC>(ar + c); pb[u] = kf_load<TI, VEC>(br + c); }
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t c = c0 + (int64_t)u * THREADS * VEC;
+      if (c < cols) {
+        kf_pack<TO, VEC> o;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float s = kf_f(kf_to<TI>(kf_op(kf_f(pa[u].v[j]))));
+          o.v[j] = kf_to<TO>(s * kf_f(pb[u].v[j]));
+        }
+        kf_store<TO, VEC>(yr + c, o);
+      }
+    }
+  }
+}
+"""
+
+_CUDA_ROWS_LAUNCH = r"""
+  if (rows <= 0 || cols <= 0) return 0;
+  const bool fast = cols % @VEC@ == 0 && a_row_stride % @VEC@ == 0 && b_row_stride % @VEC@ == 0 &&
+                    kf_aligned(a, @VEC@ * sizeof(TI)) && kf_aligned(b, @VEC@ * sizeof(TI)) &&
+                    kf_aligned(y, @VEC@ * sizeof(TO));
+  const int vec = fast ? @VEC@ : 1;
+  const int64_t per = (int64_t)@THREADS@ * @UNROLL@ * vec;
+  const dim3 grid((unsigned)((cols + per - 1) / per), (unsigned)(rows < 65535 ? rows : 65535));
+  if (fast) kf_silu_mul<@THREADS@, @VEC@, @UNROLL@><<<grid, @THREADS@, 0, stream>>>(a, a_row_stride, b, b_row_stride, y, rows, cols);
+  else kf_silu_mul<@THREADS@, 1, @UNROLL@><<<grid, @THREADS@, 0, stream>>>(a, a_row_stride, b, b_row_stride, y, rows, cols);
+  return (int)cudaGetLastError();
+"""
+
+
+def _rows_default(task: Task) -> dict:
+    cols = catalogue.scalar_args(task)["cols"]
+    vec = 16 // ELEM_BYTES[task.dtype]
+    while vec > 1 and cols % vec:
+        vec //= 2
+    threads = 256
+    while threads > 32 and threads * vec > cols:
+        threads //= 2
+    return {"threads": threads if threads in (64, 128, 256, 512, 1024) else 64, "vec": vec, "unroll": 1}
+
+
+def _rows_valid(task: Task, p: dict) -> bool:
+    return ELEM_BYTES[task.dtype] * p["vec"] <= 32
+
+
+def _rows_render(task: Task, p: dict) -> str:
+    body = fill(_CUDA_ROWS_LAUNCH, THREADS=p["threads"], VEC=p["vec"], UNROLL=p["unroll"])
+    fn = _fn_cuda(replace(task, op="silu"))
+    return cuda_head(task) + fn + _CUDA_ROWS + entry(task, "cuda", body)
+
+
+register(Family("rows_vec", ("silu_mul",), "cuda",
+                {"threads": (64, 128, 256, 512, 1024), "vec": (1, 2, 4, 8, 16), "unroll": (1, 2, 4)},
+                _rows_default, _rows_valid, _rows_render,
+                doc="2-D grid over (column packs, rows), strided rows, 16-byte packs"))
+
+
+# ------------------------------------------------------------------------------- CPU
+
+_CPU_FLAT = r"""
+inline int kf_flat(const TI* x, TO* y, int64_t numel) {
+#pragma omp parallel for simd schedule(static, @GRAIN@)
+  for (int64_t i = 0; i < numel; ++i) y[i] = kf_out(kf_op(kf_in(x[i])));
+  return 0;
+}
+"""
+
+
+def _cpu_valid(task: Task, p: dict) -> bool:
+    return _uses_exp(task) or p["exp"] == "poly"
+
+
+def _cpu_flat_render(task: Task, p: dict) -> str:
+    exp = "kf_exp" if p["exp"] == "poly" else "kf_exp_libm"
+    return (cpu_head(task) + _fn_cpu(task, exp) + fill(_CPU_FLAT, GRAIN=p["grain"])
+            + entry(task, "cpu", "  return kf_flat(x, y, numel);"))
+
+
+register(Family("flat_omp", FLAT_OPS, "cpu",
+                {"grain": (1024, 8192, 65536), "exp": ("poly", "libm")},
+                lambda t: {"grain": 8192, "exp": "poly"}, _cpu_valid, _cpu_flat_render,
+                doc="omp parallel for simd over the flat tensor"))
+
+
+_CPU_ROWS = r"""
+inline int kf_silu_mul(const TI* a, int64_t sa, const TI* b, int64_t sb, TO* y, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static, @GRAIN@)
+  for (int64_t r = 0; r < rows; ++r) {
+    const TI* ar = a + r * sa;
+    const TI* br = b + r * sb;
+    TO* yr = y + r * cols;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) yr[c] = kf_out(kf_in(kf_round(kf_op(kf_in(ar[c])))) * kf_in(br[c]));
+  }
+  return 0;
+}
+"""
+
+
+def _cpu_rows_render(task: Task, p: dict) -> str:
+    exp = "kf_exp" if p["exp"] == "poly" else "kf_exp_libm"
+    return (cpu_head(task) + _fn_cpu(replace(task, op="silu"), exp)
+            + fill(_CPU_ROWS, GRAIN=p["grain"])
+            + entry(task, "cpu", "  return kf_silu_mul(a, a_row_stride, b, b_row_stride, y, rows, cols);"))
+
+
+register(Family("rows_omp", ("silu_mul",), "cpu", {"grain": (1, 4, 16, 64), "exp": ("poly", "libm")},
+                lambda t: {"grain": 4, "exp": "poly"}, lambda t, p: True, _cpu_rows_render,
+                doc="OpenMP over rows, omp simd over columns"))

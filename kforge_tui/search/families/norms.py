@@ -1,0 +1,497 @@
+"""Normalisation families: layer_norm, rms_norm (incl. weight_offset / Gemma), group_norm.
+
+All accumulate in f32 and fuse the affine. One kernel template `kf_norm` serves three designs:
+a row handled by `ROWT` threads (a warp or part of one: shuffles only; or the whole block),
+the row held in registers when it fits (x read once, exact two-pass statistics), else read
+twice with shifted sums (shift = the row's first element, which keeps E[x^2]-E[x]^2 from
+cancelling when |mean| >> std).
+
+group_norm adds `two_phase`: a group is one contiguous run of C/G*HxW elements, often far too
+few groups (32) to fill 132 SMs with one block each, so phase 1 splits every group over many
+blocks writing partial sums to stream-ordered scratch, and phase 2 (as many blocks) combines
+them and applies; phase 2 can walk the data in reverse so its first reads hit what phase 1
+left in L2.
+"""
+from __future__ import annotations
+
+from kforge_tui.search.families import Family, register
+from kforge_tui.search.families._common import (ELEM_BYTES, cdiv, cpu_head, cuda_head, entry, fill,
+                                                pow2_at_most)
+from kforge_tui.task import Task
+from kforge_tui.workload import catalogue
+
+ROW_OPS = ("layer_norm", "rms_norm")
+MAX_REG_VALUES = 64
+KIND = {"layer_norm": 0, "rms_norm": 1, "group_norm": 2}
+
+
+def _rows_n(task: Task) -> tuple[int, int]:
+    """(rows, n) as the kernel sees them; a group is a "row" for group_norm."""
+    s = catalogue.scalar_args(task)
+    if task.op == "group_norm":
+        return s["N"] * s["G"], s["C"] // s["G"] * s["HxW"]
+    return s["rows"], s["n"]
+
+
+def _unit(task: Task) -> int:
+    """Elements that must share one vector pack boundary (channel length for group_norm)."""
+    return catalogue.scalar_args(task)["HxW"] if task.op == "group_norm" else _rows_n(task)[1]
+
+
+def _vec16(task: Task) -> int:
+    v = 16 // ELEM_BYTES[task.dtype]
+    while v > 1 and _unit(task) % v:
+        v //= 2
+    return v
+
+
+def _round2(task: Task) -> str:
+    # Llama/Qwen round the normalised value to the input dtype before the weight multiply.
+    return "true" if task.op == "rms_norm" and task.params.get("variant", "llama") == "llama" else "false"
+
+
+_CUDA_NORM = r"""
+template <int THREADS, int ROWT> __device__ __forceinline__ float kf_row_sum(float v, float* sh) {
+  if constexpr (ROWT <= 32) return kf_warp_sum(v, ROWT);
+  else return kf_block_sum<THREADS / 32>(v, sh);
+}
+
+// KIND 0 layer_norm, 1 rms_norm, 2 group_norm (a row is one (n, group); affine per channel).
+template <int THREADS, int ROWT, int VEC, int ITEMS, int KIND, bool ROUND2>
+__global__ void __launch_bounds__(THREADS) kf_norm(const TI* __restrict__ x, const TI* __restrict__ w,
+    const TI* __restrict__ b, TO* __restrict__ y, int64_t rows, int64_t n, float eps, float woff,
+    int64_t hw, int64_t cg, int64_t G) {
+  __shared__ float sh[32];
+  constexpr int RPB = THREADS / ROWT;
+  const int g = threadIdx.x / ROWT, lane = threadIdx.x % ROWT;
+  for (int64_t row0 = (int64_t)blockIdx.x * RPB; row0 < rows; row0 += (int64_t)gridDim.x * RPB) {
+    const int64_t row = row0 + g;
+    const bool live = row < rows;
+    const TI* xr = x + (live ? row : 0) * n;
+    float mean = 0.f, rstd;
+    float v[ITEMS > 0 ? ITEMS * VEC : 1];
+    if constexpr (ITEMS > 0) {
+      float s = 0.f, q = 0.f;
+#pragma unroll
+      for (int it = 0; it < ITEMS; ++it) {
+        const int64_t base = ((int64_t)it * ROWT + lane) * VEC;
+        if (live && base < n) {
+          kf_pack<TI, VEC> p = kf_load<TI, VEC>(xr + base);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) { v[it * VEC + j] = kf_f(p.v[j]); s += v[it * VEC + j]; }
+        } else {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) v[it * VEC + j] = 0.f;
+        }
+      }
+      if constexpr (KIND != 1) {
+        mean = kf_row_sum<THREADS, ROWT>(s, sh) / (float)n;
+#pragma unroll
+        for (int it = 0; it < ITEMS; ++it) {
+          const int64_t base = ((int64_t)it * ROWT + lane) * VEC;
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) { const float d = v[it * VEC + j] - mean; q += (base < n) ? d * d : 0.f; }
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < ITEMS * VEC; ++k) q += v[k] * v[k];
+      }
+      rstd = rsqrtf(kf_row_sum<THREADS, ROWT>(q, sh) / (float)n + eps);
+    } else {
+      const float K = (KIND != 1 && live) ? kf_f(xr[0]) : 0.f;
+      float s = 0.f, q = 0.f;
+      for (int64_t base = (int64_t)lane * VEC; live && base < n; base += (int64_t)ROWT * VEC) {
+        kf_pack<TI, VEC> p = kf_load<TI, VEC>(xr + base);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) { const float d = kf_f(p.v[j]) - K; s += d; q += d * d; }
+      }
+      if constexpr (KIND != 1) {
+        const float ms = kf_row_sum<THREADS, ROWT>(s, sh) / (float)n;
+        const float var = fmaxf(kf_row_sum<THREADS, ROWT>(q, sh) / (float)n - ms * ms, 0.f);
+        mean = K + ms;
+        rstd = rsqrtf(var + eps);
+      } else {
+        rstd = rsqrtf(kf_row_sum<THREADS, ROWT>(q, sh) / (float)n + eps);
+      }
+    }
+    if (!live) continue;
+    TO* yr = y + row * n;
+    const int64_t cbase = (KIND == 2) ? (row % G) * cg : 0;
+    auto emit = [&](int64_t base, const float* xv) {
+      float wv[VEC], bv[VEC];
+      if constexpr (KIND == 2) {
+        const int64_t c = cbase + base / hw;
+        const float wc = w ? kf_f(w[c]) : 1.f, bc = b ? kf_f(b[c]) : 0.f;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) { wv[j] = wc; bv[j] = bc; }
+      } else {
+        if (w) { kf_pack<TI, VEC> p = kf_load<TI, VEC>(w + base);
+#pragma unroll
+                 for (int j = 0; j < VEC; ++j) wv[j] = kf_f(p.v[j]); }
+        if (b) { kf_pack<TI, VEC> p = kf_load<TI, VEC>(b + base);
+#pragma unroll
+                 for (int j = 0; j < VEC; ++j) bv[j] = kf_f(p.v[j]); }
+      }
+      kf_pack<TO, VEC> o;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        float r;
+        if constexpr (KIND == 1) {
+          const float h = xv[j] * rstd;
+          if (ROUND2) r = w ? wv[j] * kf_f(kf_to<TO>(h)) : h;
+          else r = w ? h * (wv[j] + woff) : h;
+        } else {
+          r = (xv[j] - mean) * rstd;
+          if (w) r *= wv[j];
+          if (b) r += bv[j];
+        }
+        o.v[j] = kf_to<TO>(r);
+      }
+      kf_store<TO, VEC>(yr + base, o);
+    };
+    if constexpr (ITEMS > 0) {
+#pragma unroll
+      for (int it = 0; it < ITEMS; ++it) {
+        const int64_t base = ((int64_t)it * ROWT + lane) * VEC;
+        if (base < n) emit(base, &v[it * VEC]);
+      }
+    } else {
+      for (int64_t base = (int64_t)lane * VEC; base < n; base += (int64_t)ROWT * VEC) {
+        kf_pack<TI, VEC> p = kf_load<TI, VEC>(xr + base);
+        float xv[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) xv[j] = kf_f(p.v[j]);
+        emit(base, xv);
+      }
+    }
+  }
+}
+"""
+
+_CUDA_NORM_LAUNCH = r"""
+  if (@ROWS@ <= 0 || @N@ <= 0) return 0;
+  const int64_t rows = @ROWS@, nn = @N@;
+  const int64_t rpb = @THREADS@ / @ROWT@;
+  const int64_t blocks = (rows + rpb - 1) / rpb;
+  const unsigned grid = (unsigned)(blocks < 2147483647 ? blocks : 2147483647);
+  const bool fast = (@UNIT@ % @VEC@ == 0) && nn <= (int64_t)@CAP@ && kf_aligned(x, @VEC@ * sizeof(TI)) &&
+                    kf_aligned(y, @VEC@ * sizeof(TO)) && (!@W@ || kf_aligned(@W@, @VEC@ * sizeof(TI))) &&
+                    (!@B@ || kf_aligned(@B@, @VEC@ * sizeof(TI)));
+  if (fast) kf_norm<@THREADS@, @ROWT@, @VEC@, @ITEMS@, @KIND@, @ROUND2@><<<grid, @THREADS@, 0, stream>>>(
+      x, @W@, @B@, y, rows, nn, eps, @WOFF@, @HW@, @CG@, @G@);
+  else kf_norm<@THREADS@, @ROWT@, 1, 0, @KIND@, @ROUND2@><<<grid, @THREADS@, 0, stream>>>(
+      x, @W@, @B@, y, rows, nn, eps, @WOFF@, @HW@, @CG@, @G@);
+  return (int)cudaGetLastError();
+"""
+
+
+def _norm_launch(task: Task, threads: int, rowt: int, vec: int, items: int) -> str:
+    op = task.op
+    if op == "group_norm":
+        names = dict(ROWS="(N * G)", N="(C / G * HxW)", UNIT="HxW", W="weight", B="bias", WOFF="0.f",
+                     HW="HxW", CG="(C / G)", G="G")
+    elif op == "layer_norm":
+        names = dict(ROWS="rows", N="n", UNIT="n", W="weight", B="bias", WOFF="0.f", HW="1", CG="1",
+                     G="1")
+    else:
+        names = dict(ROWS="rows", N="n", UNIT="n", W="weight", B="(const TI*)nullptr",
+                     WOFF="weight_offset", HW="1", CG="1", G="1")
+    return fill(_CUDA_NORM_LAUNCH, THREADS=threads, ROWT=rowt, VEC=vec, ITEMS=items,
+                CAP=(items * rowt * vec) if items else "INT64_MAX", KIND=KIND[op],
+                ROUND2=_round2(task), **names)
+
+
+def _norm_source(task: Task, threads: int, rowt: int, vec: int, cache: bool) -> str:
+    _, n = _rows_n(task)
+    items = cdiv(n, rowt * vec) if cache else 0
+    return cuda_head(task) + _CUDA_NORM + entry(task, "cuda", _norm_launch(task, threads, rowt, vec, items))
+
+
+# --- block_row (layer/rms) and block_group (group_norm): one block per row/group
+def _block_default(task: Task) -> dict:
+    _, n = _rows_n(task)
+    vec = _vec16(task)
+    threads = 128
+    for t in (128, 256, 512, 1024):
+        if n >= t * vec:
+            threads = t
+    p = {"threads": threads, "vec": vec, "cache": "regs"}
+    if not _block_valid(task, p):
+        p["cache"] = "none"
+    return p
+
+
+def _block_valid(task: Task, p: dict) -> bool:
+    _, n = _rows_n(task)
+    if _unit(task) % p["vec"] or p["vec"] * ELEM_BYTES[task.dtype] > 32:
+        return False
+    return p["cache"] == "none" or cdiv(n, p["threads"] * p["vec"]) * p["vec"] <= MAX_REG_VALUES
+
+
+def _block_render(task: Task, p: dict) -> str:
+    return _norm_source(task, p["threads"], p["threads"], p["vec"], p["cache"] == "regs")
+
+
+_BLOCK_SPACE = {"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8, 16), "cache": ("none", "regs")}
+register(Family("block_row", ROW_OPS, "cuda", _BLOCK_SPACE, _block_default, _block_valid, _block_render,
+                doc="one block per row, row in registers, f32 stats, fused affine"))
+register(Family("block_group", ("group_norm",), "cuda", _BLOCK_SPACE, _block_default, _block_valid,
+                _block_render, doc="one block per (n, group); group in registers when it fits"))
+
+
+# --- warp_row: `lanes` threads per row, shuffles only
+def _warp_default(task: Task) -> dict:
+    _, n = _rows_n(task)
+    vec = _vec16(task)
+    lanes = 32
+    for ln in (32, 16, 8, 4):
+        if n <= ln * vec * 2:
+            lanes = ln
+    return {"warps": 4, "lanes": lanes, "vec": vec}
+
+
+def _warp_valid(task: Task, p: dict) -> bool:
+    _, n = _rows_n(task)
+    if _unit(task) % p["vec"] or p["vec"] * ELEM_BYTES[task.dtype] > 32:
+        return False
+    return cdiv(n, p["lanes"] * p["vec"]) * p["vec"] <= MAX_REG_VALUES
+
+
+def _warp_render(task: Task, p: dict) -> str:
+    return _norm_source(task, p["warps"] * 32, p["lanes"], p["vec"], True)
+
+
+register(Family("warp_row", ROW_OPS + ("group_norm",), "cuda",
+                {"warps": (1, 2, 4, 8, 16), "lanes": (4, 8, 16, 32), "vec": (1, 2, 4, 8, 16)},
+                _warp_default, _warp_valid, _warp_render,
+                doc="a warp (or `lanes` threads) per row, row in registers"))
+
+
+# --- group_norm two_phase
+_CUDA_GN2 = r"""
+// Phase 1: block (s, ng) reduces split s of group ng to shifted (sum, sumsq); the shift is the
+// group's first element, the same for every split so partials add up exactly.
+template <int THREADS, int VEC>
+__global__ void __launch_bounds__(THREADS) kf_gn_stats(const TI* __restrict__ x, float* __restrict__ part,
+                                                      int64_t ge, int64_t chunk) {
+  __shared__ float sh[32];
+  constexpr int NW = THREADS / 32;
+  const int64_t ng = blockIdx.y, lo = (int64_t)blockIdx.x * chunk;
+  const int64_t hi = (lo + chunk < ge) ? lo + chunk : ge;
+  const TI* xg = x + ng * ge;
+  const float K = kf_f(xg[0]);
+  float s = 0.f, q = 0.f;
+  for (int64_t base = lo + (int64_t)threadIdx.x * VEC; base < hi; base += (int64_t)THREADS * VEC) {
+    kf_pack<TI, VEC> p = kf_load<TI, VEC>(xg + base);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) { const float d = kf_f(p.v[j]) - K; s += d; q += d * d; }
+  }
+  s = kf_block_sum<NW>(s, sh);
+  q = kf_block_sum<NW>(q, sh);
+  if (threadIdx.x == 0) {
+    part[(ng * gridDim.x + blockIdx.x) * 2] = s;
+    part[(ng * gridDim.x + blockIdx.x) * 2 + 1] = q;
+  }
+}
+
+// Phase 2: block (s, ng) combines the group's partials (in double: they are few) and
+// normalises split s with the per-channel affine folded into one multiply-add.
+template <int THREADS, int VEC, bool REVERSE>
+__global__ void __launch_bounds__(THREADS) kf_gn_apply(const TI* __restrict__ x, const TI* __restrict__ w,
+    const TI* __restrict__ b, TO* __restrict__ y, const float* __restrict__ part, int64_t ge, int64_t chunk,
+    int64_t hw, int64_t cg, int64_t G, int splits, float eps) {
+  __shared__ float stat[2];
+  const int64_t nblk = (int64_t)gridDim.x * gridDim.y;
+  int64_t lin = (int64_t)blockIdx.y * gridDim.x + blockIdx.x;
+  if (REVERSE) lin = nblk - 1 - lin;
+  const int64_t ng = lin / gridDim.x, sidx = lin - ng * gridDim.x;
+  const TI* xg = x + ng * ge;
+  if (threadIdx.x < 32) {
+    double s = 0.0, q = 0.0;
+    for (int k = threadIdx.x; k < splits; k += 32) { s += part[(ng * splits + k) * 2]; q += part[(ng * splits + k) * 2 + 1]; }
+    for (int o = 16; o > 0; o >>= 1) { s += __shfl_xor_sync(0xffffffffu, s, o); q += __shfl_xor_sync(0xffffffffu, q, o); }
+    if (threadIdx.x == 0) {
+      const double ms = s / (double)ge, var = q / (double)ge - ms * ms;
+      stat[0] = (float)((double)kf_f(xg[0]) + ms);
+      stat[1] = rsqrtf((float)(var > 0.0 ? var : 0.0) + eps);
+    }
+  }
+  __syncthreads();
+  const float mean = stat[0], rstd = stat[1];
+  const int64_t lo = sidx * chunk, hi = (lo + chunk < ge) ? lo + chunk : ge;
+  const int64_t cbase = (ng % G) * cg;
+  TO* yg = y + ng * ge;
+  for (int64_t base = lo + (int64_t)threadIdx.x * VEC; base < hi; base += (int64_t)THREADS * VEC) {
+    const int64_t c = cbase + base / hw;
+    const float a = rstd * (w ? kf_f(w[c]) : 1.f);
+    const float bb = (b ? kf_f(b[c]) : 0.f) - mean * a;
+    kf_pack<TI, VEC> p = kf_load<TI, VEC>(xg + base);
+    kf_pack<TO, VEC> o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) o.v[j] = kf_to<TO>(kf_f(p.v[j]) * a + bb);
+    kf_store<TO, VEC>(yg + base, o);
+  }
+}
+"""
+
+_CUDA_GN2_LAUNCH = r"""
+  if (N <= 0 || C <= 0 || HxW <= 0) return 0;
+  if (G <= 0 || C % G) return -1;
+  const int64_t groups = N * G, ge = C / G * HxW;
+  if (groups > 65535) return -1;
+  const int S = @SPLITS@;
+  float* part = nullptr;
+  cudaError_t err = cudaMallocAsync((void**)&part, (size_t)(groups * S * 2) * sizeof(float), stream);
+  if (err != cudaSuccess) return (int)err;
+  const dim3 grid((unsigned)S, (unsigned)groups);
+  const bool fast = (HxW % @VEC@ == 0) && kf_aligned(x, @VEC@ * sizeof(TI)) && kf_aligned(y, @VEC@ * sizeof(TO));
+  if (fast) {
+    const int64_t chunk = ((ge + S - 1) / S + @VEC@ - 1) / @VEC@ * @VEC@;
+    kf_gn_stats<@THREADS@, @VEC@><<<grid, @THREADS@, 0, stream>>>(x, part, ge, chunk);
+    kf_gn_apply<@THREADS@, @VEC@, @REVERSE@><<<grid, @THREADS@, 0, stream>>>(x, weight, bias, y, part, ge, chunk, HxW, C / G, G, S, eps);
+  } else {
+    const int64_t chunk = (ge + S - 1) / S;
+    kf_gn_stats<@THREADS@, 1><<<grid, @THREADS@, 0, stream>>>(x, part, ge, chunk);
+    kf_gn_apply<@THREADS@, 1, @REVERSE@><<<grid, @THREADS@, 0, stream>>>(x, weight, bias, y, part, ge, chunk, HxW, C / G, G, S, eps);
+  }
+  cudaFreeAsync(part, stream);
+  return (int)cudaGetLastError();
+"""
+
+
+def _gn2_default(task: Task) -> dict:
+    groups, ge = _rows_n(task)
+    vec = _vec16(task)
+    splits = 1
+    for s in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        if groups * s <= 8 * 132 and ge // s >= 4096:
+            splits = s
+    return {"threads": 512 if ge // splits >= 512 * vec * 2 else 256, "vec": vec, "splits": splits,
+            "reverse": 1}
+
+
+def _gn2_valid(task: Task, p: dict) -> bool:
+    groups, ge = _rows_n(task)
+    return (groups <= 65535 and _unit(task) % p["vec"] == 0 and p["vec"] * ELEM_BYTES[task.dtype] <= 32
+            and ge // p["splits"] >= p["threads"])
+
+
+def _gn2_render(task: Task, p: dict) -> str:
+    body = fill(_CUDA_GN2_LAUNCH, SPLITS=p["splits"], VEC=p["vec"], THREADS=p["threads"],
+                REVERSE="true" if p["reverse"] else "false")
+    return cuda_head(task) + _CUDA_GN2 + entry(task, "cuda", body)
+
+
+register(Family("two_phase", ("group_norm",), "cuda",
+                {"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8, 16),
+                 "splits": (1, 2, 4, 8, 16, 32, 64, 128, 256), "reverse": (0, 1)},
+                _gn2_default, _gn2_valid, _gn2_render,
+                doc="partial sums over many blocks per group, then combine-and-apply"))
+
+
+# ------------------------------------------------------------------------------- CPU
+
+_CPU_ROWS = r"""
+inline int kf_norm_rows(const TI* x, const TI* w, const TI* b, TO* y, int64_t rows, int64_t n, float eps,
+                        float woff) {
+#pragma omp parallel for schedule(static, @GRAIN@)
+  for (int64_t r = 0; r < rows; ++r) {
+    const TI* xr = x + r * n;
+    TO* yr = y + r * n;
+    float mean = 0.f, q = 0.f;
+    if (@KIND@ == 0) {
+      float s = 0.f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = 0; j < n; ++j) s += kf_in(xr[j]);
+      mean = s / (float)n;
+#pragma omp simd reduction(+ : q)
+      for (int64_t j = 0; j < n; ++j) { const float d = kf_in(xr[j]) - mean; q += d * d; }
+    } else {
+#pragma omp simd reduction(+ : q)
+      for (int64_t j = 0; j < n; ++j) { const float v = kf_in(xr[j]); q += v * v; }
+    }
+    const float rstd = 1.f / sqrtf(q / (float)n + eps);
+    if (@KIND@ == 0) {
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) {
+        float o = (kf_in(xr[j]) - mean) * rstd;
+        if (w) o *= kf_in(w[j]);
+        if (b) o += kf_in(b[j]);
+        yr[j] = kf_out(o);
+      }
+    } else if (w && @ROUND2@) {
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) yr[j] = kf_out(kf_in(w[j]) * kf_in(kf_round(kf_in(xr[j]) * rstd)));
+    } else if (w) {
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) yr[j] = kf_out(kf_in(xr[j]) * rstd * (kf_in(w[j]) + woff));
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) yr[j] = kf_out(kf_in(xr[j]) * rstd);
+    }
+  }
+  return 0;
+}
+"""
+
+
+def _cpu_rows_render(task: Task, p: dict) -> str:
+    src = fill(_CPU_ROWS, GRAIN=p["grain"], KIND=KIND[task.op], ROUND2="1" if _round2(task) == "true" else "0")
+    call = ("kf_norm_rows(x, weight, bias, y, rows, n, eps, 0.f)" if task.op == "layer_norm"
+            else "kf_norm_rows(x, weight, (const TI*)0, y, rows, n, eps, weight_offset)")
+    return cpu_head(task) + src + entry(task, "cpu", f"  return {call};")
+
+
+def _cpu_rows_default(task: Task) -> dict:
+    rows, _ = _rows_n(task)
+    return {"grain": pow2_at_most(max(1, rows // 64), (1, 4, 16, 64))}
+
+
+register(Family("rows_omp", ROW_OPS, "cpu", {"grain": (1, 4, 16, 64)}, _cpu_rows_default,
+                lambda t, p: True, _cpu_rows_render, doc="OpenMP over rows, omp simd passes"))
+
+
+_CPU_GROUPS = r"""
+inline int kf_group_norm(const TI* x, const TI* w, const TI* b, TO* y, int64_t N, int64_t C, int64_t HxW,
+                         int64_t G, float eps) {
+  if (N <= 0 || C <= 0 || HxW <= 0) return 0;
+  if (G <= 0 || C % G) return -1;
+  const int64_t cg = C / G, ge = cg * HxW;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t ng = 0; ng < N * G; ++ng) {
+    const TI* xg = x + ng * ge;
+    TO* yg = y + ng * ge;
+    const float K = kf_in(xg[0]);
+    double s = 0.0, q = 0.0;
+    for (int64_t c0 = 0; c0 < ge; c0 += @TILE@) {
+      const int64_t c1 = c0 + @TILE@ < ge ? c0 + @TILE@ : ge;
+      float fs = 0.f, fq = 0.f;
+#pragma omp simd reduction(+ : fs, fq)
+      for (int64_t j = c0; j < c1; ++j) { const float d = kf_in(xg[j]) - K; fs += d; fq += d * d; }
+      s += fs;
+      q += fq;
+    }
+    const double ms = s / (double)ge, var = q / (double)ge - ms * ms;
+    const float mean = (float)(K + ms), rstd = 1.f / sqrtf((float)(var > 0.0 ? var : 0.0) + eps);
+    for (int64_t c = 0; c < cg; ++c) {
+      const int64_t ch = (ng % G) * cg + c;
+      const float a = rstd * (w ? kf_in(w[ch]) : 1.f), bb = (b ? kf_in(b[ch]) : 0.f) - mean * a;
+      const TI* xc = xg + c * HxW;
+      TO* yc = yg + c * HxW;
+#pragma omp simd
+      for (int64_t j = 0; j < HxW; ++j) yc[j] = kf_out(kf_in(xc[j]) * a + bb);
+    }
+  }
+  return 0;
+}
+"""
+
+
+def _cpu_groups_render(task: Task, p: dict) -> str:
+    src = fill(_CPU_GROUPS, TILE=p["tile"])
+    return cpu_head(task) + src + entry(task, "cpu", "  return kf_group_norm(x, weight, bias, y, N, C, HxW, G, eps);")
+
+
+register(Family("groups_omp", ("group_norm",), "cpu", {"tile": (256, 1024, 4096, 16384)},
+                lambda t: {"tile": 1024}, lambda t, p: True, _cpu_groups_render,
+                doc="OpenMP over (n, group): shifted f32 tiles summed in double, then apply"))

@@ -1,0 +1,253 @@
+"""Prompts for LLM proposers, and pulling the one kernel source back out of an answer.
+
+A prompt carries everything a kernel engineer would want before writing one candidate: the op
+and its PyTorch reference, the exact entry point and canonical layout, the captured shapes,
+dtypes and strides, the machine, the roofline floor and the eager / torch.compile times, the
+parent's source with its measured time and resources, the failure report when repairing, and
+one line per sibling so the model tries something different. Plain text, no Jinja: the
+structure is fixed and a dependency would buy nothing.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from kforge_tui.search.proposers.base import NodeView, ProposalContext
+
+ENTRY = "kforge_launch"
+MAX_SOURCE_CHARS = 16000  # parent source beyond this is cut (the model sees head and tail)
+MAX_LOG_CHARS = 4000
+MAX_SIBLINGS = 8
+
+SYSTEM = (
+    "You are an expert performance engineer who writes {lang} kernels that beat PyTorch. "
+    "You answer with exactly one fenced code block containing one complete, self-contained "
+    "source file, optionally preceded by at most three sentences on the idea. Never more than "
+    "one code block.")
+
+RULES_COMMON = [
+    "One self-contained source file that defines exactly the entry point given below, with C "
+    "linkage (extern \"C\"), returning 0 on success.",
+    "No torch, ATen, c10, pybind11, cuBLAS or cuDNN headers or calls; only standard C/C++ "
+    "headers{extra_headers}.",
+    "No static or global mutable state (no non-const `static` variables, no writable globals, "
+    "no thread_local): every call must compute its result from its inputs alone.",
+    "No files, processes, sockets, environment variables, dlopen or inline host assembly.",
+    "Write every output element; do not modify the inputs; optional pointers may be NULL.",
+    "It must be correct for exactly these shapes and dtypes, within float tolerance of the "
+    "reference, on the captured tensors and on fresh random tensors of the same shapes.",
+]
+RULES_CUDA = [
+    "Launch on the given `stream` only; no stream, event or graph creation, no "
+    "cudaDeviceSynchronize, no thread creation; return (int)cudaGetLastError() after launching.",
+    "Scratch memory only through cudaMallocAsync/cudaFreeAsync on the given stream "
+    "(never cudaMalloc, cudaMallocManaged or host-pinned allocations).",
+    "Element types: float, __half (cuda_fp16.h), __nv_bfloat16 (cuda_bf16.h); accumulate in "
+    "float. Inline PTX is allowed in __device__ code.",
+]
+RULES_CPU = [
+    "Plain C++17 compiled with `g++ -O3 -march=native -fopenmp`; OpenMP pragmas and "
+    "immintrin.h intrinsics are allowed; no std::thread, std::async or pthreads.",
+    "float16/bfloat16 tensors arrive as uint16_t raw bits: convert to and from float yourself "
+    "(round to nearest even when writing); accumulate in float.",
+    "malloc/free for scratch are allowed; free everything before returning.",
+]
+
+
+def _fmt_us(x: float | None) -> str:
+    return f"{x:.2f} us" if x is not None else "not measured"
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n... [{len(text) - limit} characters cut] ...\n{text[-half:]}"
+
+
+def _lang(backend: str) -> tuple[str, str]:
+    return ("CUDA", "cuda") if backend == "cuda" else ("C++", "cpp")
+
+
+def describe_device(device: dict) -> str:
+    if device.get("backend") == "cuda":
+        bw = device.get("bandwidth_gbs") or device.get("peak_bandwidth_gbs")
+        parts = [device.get("name", "GPU"),
+                 f"compute capability {device.get('compute_capability', '?')} "
+                 f"({device.get('arch', '')})",
+                 f"{device.get('sms', '?')} SMs"]
+        if device.get("l2_bytes"):
+            parts.append(f"L2 {device['l2_bytes'] // 2**20} MiB")
+        if device.get("memory_gb"):
+            parts.append(f"{device['memory_gb']:.0f} GB memory")
+        if bw:
+            parts.append(f"memory bandwidth {bw:.0f} GB/s"
+                         + (" (measured copy)" if device.get("bandwidth_gbs") else " (peak)"))
+        return ", ".join(parts)
+    s = f"CPU {device.get('name', '?')}, {device.get('sms', '?')} logical cores"
+    if device.get("bandwidth_gbs"):
+        s += f", measured copy bandwidth {device['bandwidth_gbs']:.0f} GB/s"
+    return s
+
+
+def describe_task(task: dict) -> str:
+    lines = [f"op: {task.get('op')}  dtype: {task.get('dtype')}  params: "
+             f"{json.dumps(task.get('params', {}), sort_keys=True)}"]
+    for m in task.get("inputs", []):
+        if m.get("shape") is None:
+            lines.append(f"  input {m['name']}: absent (NULL pointer)")
+        else:
+            lines.append(f"  input {m['name']}: shape {m['shape']} dtype {m['dtype']} "
+                         f"stride {m.get('stride')}")
+    o = task.get("output") or {}
+    lines.append(f"  output {o.get('name', 'y')}: shape {o.get('shape')} dtype {o.get('dtype')} "
+                 f"(contiguous)")
+    try:  # scalar arguments as the harness passes them (sizes, eps, ...)
+        from kforge_tui.task import Task
+        from kforge_tui.workload import catalogue
+
+        scal = catalogue.scalar_args(Task.from_json(task))
+        lines.append("  scalar arguments passed: "
+                     + ", ".join(f"{k}={v}" for k, v in scal.items()))
+    except Exception:  # an op this build's catalogue does not know: the shapes above suffice
+        pass
+    if task.get("calls"):
+        lines.append(f"  the model calls it {task['calls']} times per forward pass")
+    return "\n".join(lines)
+
+
+def summarize_node(n: NodeView) -> str:
+    """One line per attempt, so the model sees what was tried and how it went."""
+    head = (n.source or "").strip().splitlines()
+    idea = n.action
+    what = f"#{n.node_id} {idea}: {n.status}"
+    if n.status == "ok":
+        what += f", {_fmt_us(n.time_us)}"
+        if n.speedup:
+            what += f" ({n.speedup:.2f}x eager)"
+    elif n.message:
+        what += f" - {n.message[:160]}"
+    if n.resources.get("registers"):
+        what += f", {n.resources['registers']} regs"
+    if head:
+        what += f"; {len(head)} lines"
+    return what
+
+
+def _resources(r: dict) -> str:
+    keys = ("registers", "smem_bytes", "spill_stores", "spill_loads", "stack_bytes")
+    got = [f"{k}={r[k]}" for k in keys if r.get(k) is not None]
+    return ", ".join(got) if got else "not reported"
+
+
+def build_messages(ctx: ProposalContext) -> list[dict]:
+    """System + user messages for one proposal (mode root / improve / repair)."""
+    backend = ctx.task.get("backend", ctx.device.get("backend", "cuda"))
+    lang, fence = _lang(backend)
+    extra = (", cuda_runtime.h, cuda_fp16.h, cuda_bf16.h, cooperative_groups, cub block "
+             "primitives" if backend == "cuda" else ", omp.h, immintrin.h")
+    rules = [r.format(extra_headers=extra) for r in RULES_COMMON]
+    rules += RULES_CUDA if backend == "cuda" else RULES_CPU
+    p = ctx.parent
+    out: list[str] = []
+    out.append(f"# Task: a faster {lang} kernel for `{ctx.task.get('op')}`\n")
+    out.append("## PyTorch reference (what correct means)\n" + ctx.reference.strip() + "\n")
+    out.append("## Entry point (define exactly this, parameter types must match)\n"
+               f"```{fence}\n{ctx.signature.strip()};\n```\n"
+               f"Data layout: {ctx.canonical.strip()}\n")
+    out.append("## The real calls captured from the model\n" + describe_task(ctx.task) + "\n")
+    out.append("## Machine\n" + describe_device(ctx.device) + "\n")
+    out.append("## Times to beat (median per call)\n"
+               f"- PyTorch eager: {_fmt_us(ctx.eager_us)}\n"
+               f"- torch.compile: {_fmt_us(ctx.compiled_us)}\n"
+               f"- memory-roofline floor (bytes moved / bandwidth): {_fmt_us(ctx.floor_us)}; "
+               "a time below it is impossible and is rejected as a measurement error.\n")
+    if ctx.best is not None and ctx.best.node_id != p.node_id and ctx.best.time_us:
+        out.append(f"Best verified candidate so far: #{ctx.best.node_id} "
+                   f"{_fmt_us(ctx.best.time_us)}"
+                   + (f" ({ctx.best.speedup:.2f}x eager)" if ctx.best.speedup else "") + ".\n")
+    if ctx.mode == "repair" and p.source:
+        out.append(f"## The candidate to repair (#{p.node_id}, {p.action}) FAILED: {p.status}\n"
+                   f"{p.message}\n")
+        if p.error_log:
+            out.append("Error report:\n```text\n" + _cut(p.error_log.strip(), MAX_LOG_CHARS)
+                       + "\n```\n")
+        out.append(f"Its source:\n```{fence}\n{_cut(p.source.rstrip(), MAX_SOURCE_CHARS)}\n```\n")
+        ask = ("Fix the failure above with the smallest change that makes it correct, keeping "
+               "its performance idea.")
+    elif p.source:
+        line = f"measured {_fmt_us(p.time_us)}"
+        if p.speedup:
+            line += f" = {p.speedup:.2f}x eager"
+        out.append(f"## Current candidate (#{p.node_id}, {p.action}): {line}\n"
+                   f"Resources: {_resources(p.resources)}\n"
+                   f"```{fence}\n{_cut(p.source.rstrip(), MAX_SOURCE_CHARS)}\n```\n")
+        ask = ("Write a faster kernel than this one. Name its bottleneck against the floor "
+               "(memory traffic, occupancy, launch shape, reductions, vector width) and change "
+               "the approach accordingly.")
+    else:
+        ask = ("Write a first kernel that is correct and fast: aim at the memory-roofline "
+               "floor (coalesced, vectorised loads; one pass over the data where possible).")
+    if ctx.ancestors:
+        chain = [a for a in ctx.ancestors if a.source]
+        if chain:
+            out.append("## How we got here (root first)\n"
+                       + "\n".join("- " + summarize_node(a) for a in chain[-MAX_SIBLINGS:]) + "\n")
+    if ctx.siblings:
+        sib = ctx.siblings[-MAX_SIBLINGS:]
+        out.append("## Already tried from this same starting point (do something different)\n"
+                   + "\n".join("- " + summarize_node(s) for s in sib) + "\n")
+    out.append("## Rules (checked before compiling; a violation fails the candidate)\n"
+               + "\n".join(f"- {r}" for r in rules) + "\n")
+    out.append(f"## What to do\n{ask}\nAnswer with exactly one fenced ```{fence} code block "
+               f"holding the whole source file, which must define `{ENTRY}`.")
+    return [{"role": "system", "content": SYSTEM.format(lang=lang)},
+            {"role": "user", "content": "\n".join(out)}]
+
+
+def render_prompt(messages: list[dict]) -> str:
+    """The messages as one text, as stored with the node and shown in the TUI."""
+    return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages)
+
+
+# ------------------------------------------------------------------------ extraction
+
+_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)[^\n]*$", re.M)
+_DEFINES_ENTRY = re.compile(ENTRY + r"\s*\(")
+_LOOKS_LIKE_SOURCE = re.compile(r"^\s*(#include|extern\s+\"C\"|#pragma|template\s*<|__global__)")
+
+
+def extract_code(text: str | None, finish_reason: str | None = None) -> tuple[str | None, str | None]:
+    """(source, None) or (None, one-line reason). Picks the last complete fenced block that
+    defines the entry point; accepts ```cuda / ```cpp / ```c++ / ``` fences (or ~~~). An answer
+    that is nothing but a source file (no fence) is accepted too."""
+    if not text or not text.strip():
+        return None, "empty answer"
+    blocks: list[str] = []
+    open_fence = False
+    pos = 0
+    while True:
+        m = _FENCE.search(text, pos)
+        if m is None:
+            break
+        mark = m.group(1)
+        close = re.compile(r"^[ \t]*" + re.escape(mark[0]) + "{" + str(len(mark)) + r",}[ \t]*$",
+                           re.M)
+        c = close.search(text, m.end())
+        if c is None:
+            open_fence = True
+            break
+        blocks.append(text[m.end() + 1:c.start()])
+        pos = c.end()
+    usable = [b for b in blocks if _DEFINES_ENTRY.search(b)]
+    if usable:
+        return usable[-1].strip("\n") + "\n", None
+    truncated = open_fence or finish_reason == "length"
+    if truncated:
+        return None, ("truncated answer (the code block never closes"
+                      + (", finish_reason=length)" if finish_reason == "length" else ")"))
+    if blocks:
+        return None, f"no code block defines {ENTRY} ({len(blocks)} block(s) in the answer)"
+    if _LOOKS_LIKE_SOURCE.match(text) and _DEFINES_ENTRY.search(text):
+        return text.strip("\n") + "\n", None
+    return None, "no code in the answer (prose only)"

@@ -1,0 +1,496 @@
+"""The run store: one SQLite file per run (RUN_DIR/run.db), the single source of truth.
+
+Everything a run learns (settings, profile, tasks, every candidate with its prompt, response,
+source and results, LLM usage, UI commands) is written here and committed at once, so a run
+killed with `kill -9` loses only candidates still in flight (status "pending"), and another
+process (`kforge tui RUN_DIR`, `kforge show`) can follow it by polling `max_seq()`.
+
+Contract: docs/store_api.md. Additions beyond it (backward compatible): `root_node(task_id)`;
+`add_task` creates the task's root node (action "root", status "ok", speedup 1.0, reward 0.0)
+and `add_node(..., action="root")` returns that root instead of adding a second one;
+`add_node(task_id, None, action=...)` for a non-root action attaches to the root; tasks()
+rows also carry `baseline_us`, `compiled_us`, `floor_us`, `failed` and `pending`.
+
+Why stdlib sqlite3 and not an ORM: the schema is small, and WAL + explicit transactions is all
+the concurrency story needs. Opening is careful: a file is first opened read-only and its
+`meta` table checked, so a corrupt or foreign file is reported (UsageError) and never touched.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from kforge_tui.errors import UsageError
+
+SCHEMA_NAME = "kforge-run"
+SCHEMA_VERSION = 1
+DB_NAME = "run.db"
+
+RUN_STATUSES = ("running", "finished", "stopped", "failed")
+TASK_STATUSES = ("waiting", "searching", "paused", "done", "failed", "stopped")
+
+_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE run (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    model TEXT NOT NULL, settings TEXT NOT NULL, device TEXT NOT NULL, proposer TEXT NOT NULL,
+    status TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
+    end_to_end TEXT, profile TEXT, seq INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE tasks (
+    task_id TEXT PRIMARY KEY, ord INTEGER NOT NULL, op TEXT NOT NULL, shape TEXT NOT NULL,
+    dtype TEXT NOT NULL, task TEXT NOT NULL, budget INTEGER NOT NULL, status TEXT NOT NULL,
+    baseline TEXT, seq INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE nodes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT NOT NULL REFERENCES tasks(task_id), parent_id INTEGER REFERENCES nodes(id),
+    action TEXT NOT NULL, proposer TEXT NOT NULL, params TEXT NOT NULL DEFAULT '{}',
+    source TEXT, prompt TEXT, response TEXT, hand_written INTEGER NOT NULL DEFAULT 0,
+    status TEXT NOT NULL, message TEXT NOT NULL DEFAULT '', result TEXT, reward REAL,
+    time_us REAL, speedup REAL, created REAL NOT NULL, finished REAL, seq INTEGER NOT NULL);
+CREATE INDEX nodes_task ON nodes(task_id, id);
+CREATE INDEX nodes_seq ON nodes(seq);
+CREATE TABLE llm_usage (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, model TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, cost_usd REAL NOT NULL,
+    ok INTEGER NOT NULL, error TEXT);
+CREATE TABLE commands (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, name TEXT NOT NULL,
+    args TEXT NOT NULL, taken REAL);
+CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, event TEXT NOT NULL);
+"""
+
+_NODE_JSON = ("params", "result")
+
+
+def _dumps(x: Any) -> str | None:
+    return None if x is None else json.dumps(x, default=str)
+
+
+def _loads(s: str | None) -> Any:
+    return None if s is None else json.loads(s)
+
+
+def _check_file(path: Path) -> None:
+    """Open read-only and check it is a kforge run store; UsageError (one line) otherwise.
+
+    Runs before any read-write connection exists, so a foreign or corrupt file is never
+    modified (not even by WAL recovery or journal creation).
+    """
+    if not path.is_file():
+        raise UsageError(f"{path.parent}: no run store there ({DB_NAME} not found)")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read ({e.strerror})") from None
+    if head != b"SQLite format 3\x00":
+        raise UsageError(f"{path}: not a kforge run store (not an SQLite database)")
+    # No -wal file means no connection has it open (our stores are always WAL): read it as
+    # immutable so SQLite creates no -wal/-shm next to a file that may not be ours. With a
+    # -wal present (a live or killed run) committed data may sit in the WAL: plain read-only.
+    live = path.with_name(path.name + "-wal").exists()
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?{'mode=ro' if live else 'immutable=1'}",
+                              uri=True)
+    except sqlite3.Error as e:
+        raise UsageError(f"{path}: cannot open ({e})") from None
+    try:
+        rows = dict(con.execute("SELECT key, value FROM meta").fetchall())
+        con.execute("SELECT id FROM run").fetchall()
+    except sqlite3.DatabaseError as e:
+        if "no such table" in str(e):
+            raise UsageError(f"{path}: not a kforge run store ({e})") from None
+        raise UsageError(f"{path}: not a kforge run store or corrupt ({e})") from None
+    finally:
+        con.close()
+    if rows.get("schema") != SCHEMA_NAME:
+        raise UsageError(f"{path}: not a kforge run store (schema {rows.get('schema')!r})")
+    try:
+        version = int(rows.get("version", ""))
+    except ValueError:
+        raise UsageError(f"{path}: corrupt run store (bad schema version)") from None
+    if version > SCHEMA_VERSION:
+        raise UsageError(f"{path}: written by a newer kforge (store version {version}, "
+                         f"this one reads {SCHEMA_VERSION})")
+
+
+class RunStore:
+    """One run's SQLite store. Thread-safe (one connection behind a lock)."""
+
+    def __init__(self, run_dir: Path, con: sqlite3.Connection, readonly: bool):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / DB_NAME
+        self.readonly = readonly
+        self._con = con
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------- open/create
+
+    @classmethod
+    def create(cls, run_dir, *, model: str, settings: dict, device: dict,
+               proposer: str) -> "RunStore":
+        run_dir = Path(run_dir)
+        path = run_dir / DB_NAME
+        if path.exists():
+            raise UsageError(f"{run_dir} already holds a run (use `kforge resume {run_dir}`)")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "captures").mkdir(exist_ok=True)
+        (run_dir / "cache").mkdir(exist_ok=True)
+        con = cls._connect(path)
+        con.execute("PRAGMA journal_mode=WAL")
+        store = cls(run_dir, con, readonly=False)
+        now = time.time()
+        with store._tx() as c:
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    c.execute(stmt)
+            c.executemany("INSERT INTO meta VALUES (?, ?)",
+                          [("schema", SCHEMA_NAME), ("version", str(SCHEMA_VERSION)),
+                           ("seq", "0")])
+            c.execute("INSERT INTO run (id, model, settings, device, proposer, status, created, "
+                      "updated) VALUES (1, ?, ?, ?, ?, 'running', ?, ?)",
+                      (model, _dumps(settings), _dumps(device), proposer, now, now))
+        return store
+
+    @classmethod
+    def open(cls, run_dir, *, readonly: bool = False) -> "RunStore":
+        run_dir = Path(run_dir)
+        if run_dir.name == DB_NAME and run_dir.is_file():
+            run_dir = run_dir.parent
+        path = run_dir / DB_NAME
+        _check_file(path)
+        try:
+            if readonly:
+                con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
+                                      check_same_thread=False, isolation_level=None, timeout=10)
+            else:
+                con = cls._connect(path)
+                con.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.Error as e:
+            raise UsageError(f"{path}: cannot open ({e})") from None
+        return cls(run_dir, con, readonly)
+
+    @staticmethod
+    def _connect(path: Path) -> sqlite3.Connection:
+        con = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
+        con.execute("PRAGMA synchronous=NORMAL")
+        con.execute("PRAGMA foreign_keys=ON")
+        return con
+
+    def close(self) -> None:
+        with self._lock:
+            self._con.close()
+
+    def __enter__(self) -> "RunStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One committed write transaction (BEGIN IMMEDIATE: writers never deadlock)."""
+        if self.readonly:
+            raise UsageError(f"{self.path}: opened read-only")
+        with self._lock:
+            self._con.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._con
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+            self._con.execute("COMMIT")
+
+    def _bump(self, c: sqlite3.Connection) -> int:
+        c.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'seq'")
+        return int(c.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()[0])
+
+    def _q(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            cur = self._con.execute(sql, args)
+            cols = [d[0] for d in cur.description]
+            return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+    # ------------------------------------------------------------------------- run
+
+    def run_info(self) -> dict:
+        r = self._q("SELECT * FROM run WHERE id = 1")[0]
+        return {"model": r["model"], "settings": _loads(r["settings"]),
+                "device": _loads(r["device"]), "proposer": r["proposer"], "status": r["status"],
+                "created": r["created"], "updated": r["updated"],
+                "end_to_end": _loads(r["end_to_end"]), "run_dir": str(self.run_dir)}
+
+    def _set_run(self, col: str, value: Any) -> None:
+        with self._tx() as c:
+            seq = self._bump(c)
+            c.execute(f"UPDATE run SET {col} = ?, updated = ?, seq = ? WHERE id = 1",
+                      (value, time.time(), seq))
+
+    def set_run_status(self, status: str) -> None:
+        if status not in RUN_STATUSES:
+            raise ValueError(f"run status must be one of {RUN_STATUSES}, not {status!r}")
+        self._set_run("status", status)
+
+    def set_end_to_end(self, report: dict) -> None:
+        self._set_run("end_to_end", _dumps(report))
+
+    def save_profile(self, rows: list[dict]) -> None:
+        self._set_run("profile", _dumps(rows))
+
+    def profile(self) -> list[dict]:
+        return _loads(self._q("SELECT profile FROM run WHERE id = 1")[0]["profile"]) or []
+
+    # ----------------------------------------------------------------------- tasks
+
+    def add_task(self, task, budget: int) -> None:
+        """Idempotent on task_id (resume); also creates the task's root node."""
+        tj = task.to_json() if hasattr(task, "to_json") else dict(task)
+        tid = tj["task_id"]
+        shape = tj["inputs"][0]["shape"] or []
+        with self._tx() as c:
+            if c.execute("SELECT 1 FROM tasks WHERE task_id = ?", (tid,)).fetchone():
+                return
+            seq = self._bump(c)
+            ord_ = c.execute("SELECT COUNT(*) FROM tasks").fetchone()[0]
+            c.execute("INSERT INTO tasks (task_id, ord, op, shape, dtype, task, budget, status, seq)"
+                      " VALUES (?, ?, ?, ?, ?, ?, ?, 'waiting', ?)",
+                      (tid, ord_, tj["op"], _dumps(shape), tj["dtype"], _dumps(tj), int(budget),
+                       seq))
+            now = time.time()
+            c.execute("INSERT INTO nodes (task_id, parent_id, action, proposer, status, message, "
+                      "reward, speedup, created, finished, seq) VALUES "
+                      "(?, NULL, 'root', 'reference', 'ok', 'PyTorch reference', 0.0, 1.0, ?, ?, ?)",
+                      (tid, now, now, seq))
+
+    def _set_task(self, task_id: str, col: str, value: Any) -> None:
+        with self._tx() as c:
+            seq = self._bump(c)
+            cur = c.execute(f"UPDATE tasks SET {col} = ?, seq = ? WHERE task_id = ?",
+                            (value, seq, task_id))
+            if cur.rowcount == 0:
+                raise KeyError(f"no task {task_id!r} in {self.path}")
+
+    def set_baseline(self, task_id: str, baseline: dict) -> None:
+        if hasattr(baseline, "__dataclass_fields__"):
+            from dataclasses import asdict
+
+            baseline = asdict(baseline)
+        self._set_task(task_id, "baseline", _dumps(baseline))
+
+    def set_task_status(self, task_id: str, status: str) -> None:
+        if status not in TASK_STATUSES:
+            raise ValueError(f"task status must be one of {TASK_STATUSES}, not {status!r}")
+        self._set_task(task_id, "status", status)
+
+    def set_budget(self, task_id: str, budget: int) -> None:
+        self._set_task(task_id, "budget", int(budget))
+
+    _TASKS_SQL = """
+        SELECT t.*,
+          (SELECT COUNT(*) FROM nodes n WHERE n.task_id = t.task_id AND n.parent_id IS NOT NULL
+             AND n.status NOT IN ('pending', 'lost')) AS evaluated,
+          (SELECT COUNT(*) FROM nodes n WHERE n.task_id = t.task_id AND n.parent_id IS NOT NULL
+             AND n.status NOT IN ('pending', 'ok', 'lost')) AS failed,
+          (SELECT COUNT(*) FROM nodes n WHERE n.task_id = t.task_id
+             AND n.status = 'pending') AS pending,
+          (SELECT n.id FROM nodes n WHERE n.task_id = t.task_id AND n.parent_id IS NOT NULL
+             AND n.status = 'ok' AND n.speedup IS NOT NULL
+             ORDER BY n.speedup DESC, n.id ASC LIMIT 1) AS best_node
+        FROM tasks t"""
+
+    def _task_row(self, r: dict) -> dict:
+        base = _loads(r["baseline"])
+        best = self.node(r["best_node"]) if r["best_node"] is not None else None
+        med = lambda t: (t or {}).get("median_us") if isinstance(t, dict) else None  # noqa: E731
+        return {"task_id": r["task_id"], "op": r["op"], "shape": _loads(r["shape"]),
+                "dtype": r["dtype"], "task": _loads(r["task"]), "budget": r["budget"],
+                "status": r["status"], "baseline": base, "evaluated": r["evaluated"],
+                "failed": r["failed"], "pending": r["pending"], "best_node": r["best_node"],
+                "best_us": best["time_us"] if best else None,
+                "speedup": best["speedup"] if best else None, "verified": best is not None,
+                "baseline_us": med(base.get("eager")) if base else None,
+                "compiled_us": med(base.get("compiled")) if base else None,
+                "floor_us": base.get("floor_us") if base else None, "seq": r["seq"]}
+
+    def tasks(self) -> list[dict]:
+        return [self._task_row(r) for r in self._q(self._TASKS_SQL + " ORDER BY t.ord")]
+
+    def task(self, task_id: str) -> dict:
+        rows = self._q(self._TASKS_SQL + " WHERE t.task_id = ?", (task_id,))
+        if not rows:
+            raise KeyError(f"no task {task_id!r} in {self.path}")
+        return self._task_row(rows[0])
+
+    def root_node(self, task_id: str) -> int:
+        rows = self._q("SELECT id FROM nodes WHERE task_id = ? AND parent_id IS NULL "
+                       "ORDER BY id LIMIT 1", (task_id,))
+        if not rows:
+            raise KeyError(f"no task {task_id!r} in {self.path}")
+        return rows[0]["id"]
+
+    # ----------------------------------------------------------------------- nodes
+
+    def add_node(self, task_id: str, parent_id: int | None, *, action: str, proposer: str,
+                 source: str | None = None, params: dict | None = None,
+                 prompt: str | None = None, response: str | None = None,
+                 hand_written: bool = False, status: str = "pending") -> int:
+        if action == "root":
+            return self.root_node(task_id)
+        if parent_id is None:
+            parent_id = self.root_node(task_id)
+        with self._tx() as c:
+            prow = c.execute("SELECT task_id FROM nodes WHERE id = ?", (parent_id,)).fetchone()
+            if prow is None or prow[0] != task_id:
+                raise KeyError(f"node {parent_id} is not a node of task {task_id!r}")
+            seq = self._bump(c)
+            cur = c.execute(
+                "INSERT INTO nodes (task_id, parent_id, action, proposer, params, source, prompt, "
+                "response, hand_written, status, created, seq) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (task_id, parent_id, action, proposer, _dumps(params or {}), source, prompt,
+                 response, int(bool(hand_written)), status, time.time(), seq))
+            return int(cur.lastrowid)
+
+    def finish_node(self, node_id: int, *, status: str, message: str, result: dict | None,
+                    reward: float, time_us: float | None = None,
+                    speedup: float | None = None) -> None:
+        if hasattr(result, "to_json"):
+            result = result.to_json()
+        with self._tx() as c:
+            seq = self._bump(c)
+            cur = c.execute("UPDATE nodes SET status=?, message=?, result=?, reward=?, time_us=?, "
+                            "speedup=?, finished=?, seq=? WHERE id = ?",
+                            (status, message, _dumps(result), reward, time_us, speedup,
+                             time.time(), seq, node_id))
+            if cur.rowcount == 0:
+                raise KeyError(f"no node {node_id} in {self.path}")
+
+    def set_node_fields(self, node_id: int, **fields) -> None:
+        """Fill prompt/response/source/params of a pending node after the proposal arrives."""
+        allowed = {"source", "prompt", "response", "params", "action", "proposer"}
+        bad = set(fields) - allowed
+        if bad:
+            raise ValueError(f"cannot set {sorted(bad)}")
+        if not fields:
+            return
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        vals = [(_dumps(v) if k == "params" else v) for k, v in fields.items()]
+        with self._tx() as c:
+            seq = self._bump(c)
+            c.execute(f"UPDATE nodes SET {cols}, seq = ? WHERE id = ?", (*vals, seq, node_id))
+
+    @staticmethod
+    def _node_row(r: dict) -> dict:
+        for k in _NODE_JSON:
+            r[k] = _loads(r[k])
+        if r["params"] is None:
+            r["params"] = {}
+        r["hand_written"] = bool(r["hand_written"])
+        return r
+
+    def nodes(self, task_id: str | None = None, *, since_seq: int = 0) -> list[dict]:
+        if task_id is None:
+            rows = self._q("SELECT * FROM nodes WHERE seq > ? ORDER BY id", (since_seq,))
+        else:
+            rows = self._q("SELECT * FROM nodes WHERE task_id = ? AND seq > ? ORDER BY id",
+                           (task_id, since_seq))
+        return [self._node_row(r) for r in rows]
+
+    def node(self, node_id: int) -> dict:
+        rows = self._q("SELECT * FROM nodes WHERE id = ?", (node_id,))
+        if not rows:
+            raise KeyError(f"no node {node_id} in {self.path}")
+        return self._node_row(rows[0])
+
+    def max_seq(self) -> int:
+        return int(self._q("SELECT value FROM meta WHERE key = 'seq'")[0]["value"])
+
+    def pending_nodes(self) -> list[dict]:
+        return [self._node_row(r)
+                for r in self._q("SELECT * FROM nodes WHERE status = 'pending' ORDER BY id")]
+
+    # ------------------------------------------------------------------ llm usage
+
+    def add_llm_usage(self, *, model: str, prompt_tokens: int, completion_tokens: int,
+                      cost_usd: float, ok: bool, error: str | None = None) -> None:
+        with self._tx() as c:
+            self._bump(c)
+            c.execute("INSERT INTO llm_usage (ts, model, prompt_tokens, completion_tokens, "
+                      "cost_usd, ok, error) VALUES (?,?,?,?,?,?,?)",
+                      (time.time(), model, int(prompt_tokens or 0), int(completion_tokens or 0),
+                       float(cost_usd or 0.0), int(bool(ok)), error))
+
+    def llm_totals(self) -> dict:
+        r = self._q("SELECT COUNT(*) AS calls, COALESCE(SUM(1 - ok), 0) AS failures, "
+                    "COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens, "
+                    "COALESCE(SUM(completion_tokens), 0) AS completion_tokens, "
+                    "COALESCE(SUM(cost_usd), 0.0) AS cost_usd FROM llm_usage")[0]
+        r["cost_usd"] = float(r["cost_usd"])
+        return r
+
+    # ------------------------------------------------------------------- commands
+
+    def post_command(self, name: str, args: dict) -> int:
+        with self._tx() as c:
+            self._bump(c)
+            cur = c.execute("INSERT INTO commands (ts, name, args) VALUES (?, ?, ?)",
+                            (time.time(), name, _dumps(args or {})))
+            return int(cur.lastrowid)
+
+    def take_commands(self) -> list[dict]:
+        with self._tx() as c:
+            rows = c.execute("SELECT id, ts, name, args FROM commands WHERE taken IS NULL "
+                             "ORDER BY id").fetchall()
+            if rows:
+                c.execute("UPDATE commands SET taken = ? WHERE taken IS NULL AND id <= ?",
+                          (time.time(), rows[-1][0]))
+        return [{"id": i, "ts": ts, "name": n, "args": _loads(a)} for i, ts, n, a in rows]
+
+    # --------------------------------------------------------------------- events
+
+    def append_event(self, event: dict) -> None:
+        if hasattr(event, "to_json"):
+            event = event.to_json()
+        with self._tx() as c:
+            self._bump(c)
+            c.execute("INSERT INTO events (ts, event) VALUES (?, ?)",
+                      (float(event.get("ts", time.time())), _dumps(event)))
+
+    def events(self, since_id: int = 0) -> list[dict]:
+        rows = self._q("SELECT id, event FROM events WHERE id > ? ORDER BY id", (since_id,))
+        out = []
+        for r in rows:
+            e = _loads(r["event"])
+            e["id"] = r["id"]
+            out.append(e)
+        return out
+
+
+def list_runs(root) -> list[dict]:
+    """Every run store under `root` (RUN_DIR/run.db, any depth), newest first.
+
+    Each: run_info() plus run_dir, tasks, evaluated. Foreign or corrupt run.db files are skipped
+    (and left untouched).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for db in root.rglob(DB_NAME):
+        try:
+            with RunStore.open(db.parent, readonly=True) as s:
+                info = s.run_info()
+                tasks = s.tasks()
+        except (UsageError, sqlite3.Error):
+            continue
+        info["run_dir"] = str(db.parent)
+        info["tasks"] = len(tasks)
+        info["evaluated"] = sum(t["evaluated"] for t in tasks)
+        info["verified"] = sum(1 for t in tasks if t["verified"])
+        out.append(info)
+    out.sort(key=lambda r: r["created"], reverse=True)
+    return out

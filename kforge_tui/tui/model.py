@@ -1,0 +1,252 @@
+"""The UI's picture of a run, folded from the typed event stream (no Textual here).
+
+Keeping the state separate from the widgets lets the app apply a whole batch of events cheaply
+and then touch only the widgets whose data changed (`Dirty`), which is what keeps a 2,000-node
+tree responsive while eight evaluations stream stage changes.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from kforge_tui import events as ev
+
+FAILED_PREFIXES = ("static", "compile", "load", "verify", "time", "timeout", "crash", "impossible",
+                   "proposal")
+IN_FLIGHT_STAGES = ("queued", "proposing", "static", "compile", "load", "verify", "time", "pending")
+
+
+def is_failure(status: str) -> bool:
+    return status not in IN_FLIGHT_STAGES and status != "ok"
+
+
+@dataclass
+class NodeState:
+    node_id: int
+    task_id: str
+    parent_id: int | None
+    action: str
+    proposer: str
+    status: str = "queued"  # a stage while in flight, then "ok" or a failure status
+    message: str = ""
+    time_us: float | None = None
+    speedup: float | None = None
+    children: list[int] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return is_failure(self.status)
+
+    @property
+    def in_flight(self) -> bool:
+        return self.status in IN_FLIGHT_STAGES
+
+
+@dataclass
+class TaskState:
+    task_id: str
+    op: str
+    shape: list
+    dtype: str
+    budget: int
+    calls: int = 0
+    total_us: float = 0.0
+    share: float = 0.0
+    status: str = "waiting"
+    detail: str = ""
+    eager_us: float | None = None
+    compiled_us: float | None = None
+    floor_us: float | None = None
+    best_node: int | None = None
+    best_us: float | None = None
+    best_speedup: float | None = None
+    evaluated: int = 0
+    failed: int = 0
+    history: list[float] = field(default_factory=list)  # best speedup after each finished node
+    node_ids: list[int] = field(default_factory=list)  # creation order
+
+    @property
+    def speedup_vs_compile(self) -> float | None:
+        if self.best_us and self.compiled_us:
+            return self.compiled_us / self.best_us
+        return None
+
+
+@dataclass
+class Dirty:
+    """What one batch of events changed, so the app redraws only that."""
+
+    header: bool = False
+    tasks: set[str] = field(default_factory=set)
+    new_tasks: bool = False
+    nodes: set[int] = field(default_factory=set)  # added or changed
+    best: set[str] = field(default_factory=set)
+    logs: bool = False
+
+    def any(self) -> bool:
+        return bool(self.header or self.tasks or self.new_tasks or self.nodes or self.best or self.logs)
+
+
+class RunModel:
+    """Folds events into run/task/node state. `apply` is O(1) per event."""
+
+    def __init__(self) -> None:
+        self.run_dir: str | None = None
+        self.model = ""
+        self.device = ""
+        self.device_name = ""
+        self.proposer = ""
+        self.started: float | None = None
+        self.finished: float | None = None
+        self.phase = ""
+        self.phase_detail = ""
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cost_usd = 0.0
+        self.profile_rows: list[dict] = []
+        self.tasks: dict[str, TaskState] = {}
+        self.nodes: dict[int, NodeState] = {}
+        self.in_flight: set[int] = set()
+        self.finish_times: deque[float] = deque(maxlen=4096)
+        self.logs: deque[ev.LogLine] = deque(maxlen=500)
+        self.summary: dict | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.started is not None and self.finished is None
+
+    def elapsed(self, now: float | None = None) -> float:
+        if self.started is None:
+            return 0.0
+        end = self.finished if self.finished is not None else (now if now is not None else time.time())
+        return max(0.0, end - self.started)
+
+    def per_minute(self, now: float | None = None) -> float:
+        """Candidates finished per minute over the last five minutes of the run (or all of it)."""
+        if not self.finish_times:
+            return 0.0
+        end = self.finished if self.finished is not None else (now if now is not None else time.time())
+        window = min(300.0, max(1.0, end - (self.started or self.finish_times[0])))
+        n = sum(1 for t in self.finish_times if t >= end - window)
+        return n * 60.0 / window
+
+    def apply(self, e: ev.Event, dirty: Dirty) -> None:
+        handler = getattr(self, "_on_" + type(e).__name__, None)
+        if handler is not None:
+            handler(e, dirty)
+
+    # ------------------------------------------------------------------ handlers
+    def _on_RunStarted(self, e: ev.RunStarted, d: Dirty) -> None:
+        self.run_dir, self.model, self.device = e.run_dir, e.model, e.device
+        self.device_name, self.proposer = e.device_name, e.proposer
+        self.started, self.finished = e.ts, None
+        d.header = True
+
+    def _on_Phase(self, e: ev.Phase, d: Dirty) -> None:
+        self.phase, self.phase_detail = e.name, e.detail
+        d.header = True
+
+    def _on_ProfileReady(self, e: ev.ProfileReady, d: Dirty) -> None:
+        self.profile_rows = list(e.rows)
+
+    def _on_TaskAdded(self, e: ev.TaskAdded, d: Dirty) -> None:
+        t = self.tasks.get(e.task_id)
+        if t is None:
+            self.tasks[e.task_id] = TaskState(e.task_id, e.op, list(e.shape), e.dtype, e.budget,
+                                              e.calls, e.total_us, e.share)
+            d.new_tasks = True
+        else:
+            t.budget, t.calls, t.total_us, t.share = e.budget, e.calls, e.total_us, e.share
+        d.tasks.add(e.task_id)
+
+    def _on_TaskBaseline(self, e: ev.TaskBaseline, d: Dirty) -> None:
+        t = self.tasks.get(e.task_id)
+        if t:
+            t.eager_us, t.compiled_us, t.floor_us = e.eager_us, e.compiled_us, e.floor_us
+            d.tasks.add(e.task_id)
+
+    def _on_TaskStatus(self, e: ev.TaskStatus, d: Dirty) -> None:
+        t = self.tasks.get(e.task_id)
+        if t:
+            t.status, t.detail = e.status, e.detail
+            d.tasks.add(e.task_id)
+
+    def _on_NodeAdded(self, e: ev.NodeAdded, d: Dirty) -> None:
+        if e.node_id in self.nodes:
+            return
+        root = e.action == "root"
+        n = NodeState(e.node_id, e.task_id, e.parent_id, e.action, e.proposer,
+                      status="ok" if root else "queued", speedup=1.0 if root else None)
+        self.nodes[e.node_id] = n
+        parent = self.nodes.get(e.parent_id) if e.parent_id is not None else None
+        if parent is not None:
+            parent.children.append(e.node_id)
+        t = self.tasks.get(e.task_id)
+        if t:
+            t.node_ids.append(e.node_id)
+            if root and t.eager_us is not None:
+                n.time_us = t.eager_us
+        if not root:
+            self.in_flight.add(e.node_id)
+        d.nodes.add(e.node_id)
+        d.header = True
+
+    def _on_NodeStage(self, e: ev.NodeStage, d: Dirty) -> None:
+        n = self.nodes.get(e.node_id)
+        if n and n.in_flight:
+            n.status = e.stage
+            d.nodes.add(e.node_id)
+
+    def _on_NodeFinished(self, e: ev.NodeFinished, d: Dirty) -> None:
+        n = self.nodes.get(e.node_id)
+        if n is None:
+            return
+        was_done = not n.in_flight or n.action == "root"
+        n.status, n.message, n.time_us, n.speedup = e.status, e.message, e.time_us, e.speedup
+        self.in_flight.discard(e.node_id)
+        d.nodes.add(e.node_id)
+        d.header = True
+        if was_done:
+            return
+        self.finish_times.append(e.ts)
+        t = self.tasks.get(e.task_id)
+        if t:
+            t.evaluated += 1
+            if n.failed:
+                t.failed += 1
+            if e.status == "ok" and e.speedup is not None and (t.best_speedup is None or e.speedup > t.best_speedup):
+                self._set_best(t, e.node_id, e.time_us, e.speedup, d)
+            t.history.append(t.best_speedup or 0.0)
+            d.tasks.add(e.task_id)
+
+    def _on_BestImproved(self, e: ev.BestImproved, d: Dirty) -> None:
+        t = self.tasks.get(e.task_id)
+        if t and (t.best_speedup is None or e.speedup >= t.best_speedup):
+            self._set_best(t, e.node_id, e.time_us, e.speedup, d)
+            if t.history:
+                t.history[-1] = max(t.history[-1], e.speedup)
+
+    def _set_best(self, t: TaskState, node_id: int, time_us, speedup, d: Dirty) -> None:
+        old = t.best_node
+        t.best_node, t.best_us, t.best_speedup = node_id, time_us, speedup
+        d.best.add(t.task_id)
+        d.tasks.add(t.task_id)
+        d.nodes.add(node_id)
+        if old is not None:
+            d.nodes.add(old)
+
+    def _on_LLMUsage(self, e: ev.LLMUsage, d: Dirty) -> None:
+        self.prompt_tokens += e.prompt_tokens
+        self.completion_tokens += e.completion_tokens
+        self.cost_usd += e.cost_usd
+        d.header = True
+
+    def _on_LogLine(self, e: ev.LogLine, d: Dirty) -> None:
+        self.logs.append(e)
+        d.logs = True
+
+    def _on_RunFinished(self, e: ev.RunFinished, d: Dirty) -> None:
+        self.finished = e.ts
+        self.summary = e.summary
+        d.header = True

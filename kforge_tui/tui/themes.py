@@ -1,0 +1,30 @@
+"""Themes are data (themes/themes.toml) turned into Textual `Theme`s; the stylesheet sits beside them."""
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from textual.theme import Theme
+
+THEMES_DIR = Path(__file__).resolve().parents[2] / "themes"
+CSS_PATH = THEMES_DIR / "kforge.tcss"
+ALIASES = {"dark": "kforge-dark", "light": "kforge-light", "ansi": "kforge-ansi"}
+DEFAULT = "kforge-dark"
+
+
+def load_themes(path: Path = THEMES_DIR / "themes.toml") -> list[Theme]:
+    data = tomllib.loads(path.read_text())
+    return [Theme(name=name, **fields) for name, fields in data.items()]
+
+
+def resolve(name: str | None, available) -> str:
+    """`--theme dark|light|ansi` or any registered Textual theme name; UsageError otherwise."""
+    from kforge_tui.errors import UsageError
+
+    if not name:
+        return DEFAULT
+    full = ALIASES.get(name, name)
+    if full not in available:
+        raise UsageError(f"unknown theme {name!r}; choose one of: dark, light, ansi, "
+                         + ", ".join(sorted(available)))
+    return full

@@ -1,0 +1,32 @@
+"""Kernel source of the open node (highlighted, line numbers, failing line marked) or its diff."""
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from kforge_tui.tui.highlight import lexer_for, render_diff, render_source
+
+
+class SourceView(VerticalScroll, can_focus=True):
+    def compose(self) -> ComposeResult:
+        yield Static(Text("Pick a node in the search tree (arrows, enter).", style="dim"), id="source-body")
+
+    def show(self, node: dict | None, parent: dict | None, *, diff: bool, backend: str | None,
+             error_line: int | None, dark: bool) -> None:
+        body = self.query_one("#source-body", Static)
+        if node is None:
+            body.update(Text("No details for this node (the store is not readable yet).", style="dim"))
+            return
+        src = node.get("source")
+        if not src:
+            body.update(Text("The root is the PyTorch reference: it has no kernel source.", style="dim"))
+            return
+        self.border_subtitle = f"#{node.get('id')} {'diff vs parent' if diff else lexer_for(backend, src)}"
+        if diff:
+            psrc = (parent or {}).get("source") or ""
+            body.update(render_diff(psrc, src, parent_label=f"#{(parent or {}).get('id', '?')}",
+                                    child_label=f"#{node.get('id')}", dark=dark))
+        else:
+            body.update(render_source(src, lexer=lexer_for(backend, src), dark=dark, error_line=error_line))

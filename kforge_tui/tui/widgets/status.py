@@ -1,0 +1,34 @@
+"""Header / status line: what runs where, how fast, and what the LLM has cost so far."""
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from kforge_tui.tui.model import RunModel
+
+
+def fmt_elapsed(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class StatusBar(Static):
+    """Two lines; re-rendered from the model (cheap) once per batch and once a second."""
+
+    def show(self, m: RunModel, now: float | None = None) -> None:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append("kforge ", style="bold")
+        t.append(m.model or "(waiting for the run)", style="bold")
+        t.append("  on ")
+        t.append(m.device_name or m.device or "?")
+        t.append(f" [{m.device}]" if m.device else "")
+        t.append("  proposer ")
+        t.append(m.proposer or "?", style="bold")
+        t.append("\n")
+        state = "finished" if m.finished else (m.phase or "starting")
+        t.append(f"{state:<9}", style="bold" if m.running else "")
+        t.append(f" elapsed {fmt_elapsed(m.elapsed(now))}")
+        t.append(f"  {m.per_minute(now):5.1f} cand/min")
+        t.append(f"  in flight {len(m.in_flight)}")
+        t.append(f"  LLM {m.prompt_tokens + m.completion_tokens:,} tok ${m.cost_usd:.4f}")
+        self.update(t)

@@ -1,0 +1,355 @@
+"""Kernel families: every family renders, passes the static check and compiles with the real
+compilers; cpu families are run against the catalogue reference in a child process.
+
+The default run compiles one representative task per (family, op) and runs every cpu family on
+every dtype; the full family x op x dtype matrix (and a few non-default parameter points) is
+`slow`. Compiles run in parallel threads (each one a compiler subprocess).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from kforge_tui.search.families import Family, all_families, families_for
+from kforge_tui.workload import catalogue
+
+NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.path.exists("/usr/local/bin/nvcc") else None)
+GXX = shutil.which("g++")
+DTYPES = ("float32", "float16", "bfloat16")
+TD = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def make(op: str, shape, dtype: str, backend: str, out_dtype: str | None = None, **params):
+    """A Task built the way capture builds it (from live tensors)."""
+    dt = TD[dtype]
+    if op == "silu_mul":
+        rows, cols = shape
+        whole = torch.empty(rows, 2 * cols, dtype=dt)
+        a, b = whole[:, :cols], whole[:, cols:]
+        return catalogue.make_task(op, {"a": a, "b": b}, params, torch.empty(rows, cols, dtype=dt), backend)
+    x = torch.empty(shape, dtype=dt)
+    inputs = {"x": x}
+    if op == "layer_norm":
+        n = shape[-1]
+        params.setdefault("normalized_shape", [n])
+        params.setdefault("eps", 1e-5)
+        inputs["weight"] = torch.empty(n, dtype=dt)
+        inputs["bias"] = None if params.pop("no_bias", False) else torch.empty(n, dtype=dt)
+    elif op == "rms_norm":
+        n = shape[-1]
+        params.setdefault("normalized_shape", [n])
+        params.setdefault("eps", 1e-6)
+        inputs["weight"] = None if params.pop("no_weight", False) else torch.empty(n, dtype=dt)
+    elif op == "group_norm":
+        params.setdefault("eps", 1e-5)
+        inputs["weight"] = torch.empty(shape[1], dtype=dt)
+        inputs["bias"] = torch.empty(shape[1], dtype=dt)
+    if op == "adaptive_avg_pool2d":
+        out = torch.empty(shape[:-2] + tuple(params["output_size"]), dtype=dt)
+    else:
+        out = torch.empty(shape, dtype=TD[out_dtype or dtype])
+    return catalogue.make_task(op, inputs, params, out, backend)
+
+
+def cases(backend: str, dtype: str) -> list:
+    """Tasks that exercise every family of every op (tails, non-multiples of vec, inner > 1)."""
+    out = [
+        make("softmax", (64, 1000), dtype, backend, dim=-1),
+        make("softmax", (3, 20000), dtype, backend, dim=-1),
+        make("softmax", (3, 37, 5), dtype, backend, dim=1),
+        make("log_softmax", (33, 517), dtype, backend, dim=-1),
+        make("layer_norm", (16, 768), dtype, backend),
+        make("layer_norm", (7, 1001), dtype, backend, no_bias=True),
+        make("rms_norm", (16, 512), dtype, backend, variant="llama"),
+        make("rms_norm", (9, 640), dtype, backend, variant="gemma"),
+        make("rms_norm", (5, 96), dtype, backend, variant="functional", no_weight=True),
+        make("group_norm", (2, 64, 8, 8), dtype, backend, groups=8),
+        make("group_norm", (1, 12, 10, 10), dtype, backend, groups=3),
+        make("adaptive_avg_pool2d", (2, 64, 7, 7), dtype, backend, output_size=[1, 1]),
+        make("adaptive_avg_pool2d", (2, 3, 10, 9), dtype, backend, output_size=[3, 4]),
+        make("gelu", (4, 1025), dtype, backend, approximate="none"),
+        make("gelu", (3001,), dtype, backend, approximate="tanh"),
+        make("silu", (4, 1025), dtype, backend),
+        make("relu", (2, 999), dtype, backend),
+        make("silu_mul", (6, 130), dtype, backend),
+    ]
+    if dtype == "bfloat16":
+        out.append(make("softmax", (16, 300), dtype, backend, out_dtype="float32", dim=-1))
+    return out
+
+
+def points(task) -> list[tuple[Family, dict]]:
+    return [(f, f.default(task)) for f in families_for(task)]
+
+
+def compile_source(src: str, backend: str, workdir: Path, name: str) -> tuple[int, str, Path]:
+    ext = ".cu" if backend == "cuda" else ".cpp"
+    path = workdir / f"{name}{ext}"
+    path.write_text(src)
+    so = workdir / f"{name}.so"
+    if backend == "cuda":
+        cmd = [NVCC, "-arch=sm_90", "-O3", "-shared", "-Xcompiler", "-fPIC", str(path), "-o", str(so)]
+    else:
+        cmd = [GXX, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(path), "-o", str(so)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return r.returncode, r.stderr[-3000:], so
+
+
+def static_ok(src: str, task) -> str | None:
+    from kforge_tui.sandbox.static import check_source
+
+    rep = check_source(src, catalogue.signature(task))
+    return None if rep.ok else "; ".join(d.text() for d in rep.diagnostics)
+
+
+def compile_many(jobs, workdir: Path, threads: int = 2):
+    """jobs: [(label, task, family, params)] -> list of failure strings (empty = all good)."""
+    def one(i_job):
+        i, (label, task, fam, params) = i_job
+        src = fam.render(task, params)
+        err = static_ok(src, task)
+        if err:
+            return f"{label}: static check: {err}"
+        rc, log, _ = compile_source(src, task.backend, workdir, f"k{i}")
+        return None if rc == 0 else f"{label}: compile failed:\n{log}"
+
+    with ThreadPoolExecutor(threads) as ex:
+        return [r for r in ex.map(one, enumerate(jobs)) if r]
+
+
+# ---------------------------------------------------------------- registry / coverage
+
+
+def test_every_op_and_backend_has_a_family():
+    for backend in ("cuda", "cpu"):
+        for dtype in DTYPES:
+            for task in cases(backend, dtype):
+                fams = families_for(task)
+                assert fams, f"no family for {task.task_id} on {backend}"
+                for f in fams:
+                    p = f.default(task)
+                    assert f.valid(task, p), (f.name, p)
+                    assert f.name in {g.name for g in all_families()}
+
+
+def test_invalid_params_are_refused():
+    task = make("softmax", (64, 1000), "float32", "cuda", dim=-1)
+    fam = next(f for f in families_for(task) if f.name == "block_row")
+    p = fam.default(task)
+    assert not fam.valid(task, {**p, "threads": 96})  # not in the space
+    assert not fam.valid(task, {**p, "vec": 16})  # 16 does not divide 1000
+    assert not fam.valid(task, {k: v for k, v in p.items() if k != "vec"})
+    with pytest.raises(ValueError):
+        fam.render(task, {**p, "vec": 16})
+
+
+def test_rendered_source_has_the_exact_entry_point_and_no_forbidden_words():
+    for backend in ("cuda", "cpu"):
+        for task in cases(backend, "bfloat16"):
+            for fam, p in points(task):
+                src = fam.render(task, p)
+                sig = catalogue.signature(task)
+                assert src.startswith(sig.prelude())
+                assert src.count(sig.declaration() + " {") == 1
+                for bad in ("static ", "cudaMalloc(", "torch/", "cudaStreamCreate", "std::thread"):
+                    assert bad not in src, (fam.name, bad)
+
+
+# ---------------------------------------------------------------- static check + compile
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_cuda_families_compile_representative(tmp_path):
+    """Every cuda family for every op it serves, at its default, one dtype per op (rotating)."""
+    by_key: dict = {}
+    for dtype in DTYPES:
+        for task in cases("cuda", dtype):
+            for fam, p in points(task):
+                by_key.setdefault((fam.name, task.op), {}).setdefault(dtype, (task, fam, p))
+    jobs = []
+    for k, (key, per_dtype) in enumerate(sorted(by_key.items())):
+        task, fam, p = list(per_dtype.values())[k % len(per_dtype)]
+        jobs.append((f"{fam.name}/{task.task_id}", task, fam, p))
+    assert len(jobs) >= 15
+    fails = compile_many(jobs, tmp_path)
+    assert not fails, "\n\n".join(fails)
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ not installed")
+def test_cpu_families_static_check_all_dtypes():
+    for dtype in DTYPES:
+        for task in cases("cpu", dtype):
+            for fam, p in points(task):
+                assert static_ok(fam.render(task, p), task) is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_cuda_families_compile_full_matrix(tmp_path):
+    jobs = []
+    for dtype in DTYPES:
+        for task in cases("cuda", dtype):
+            for fam, p in points(task):
+                jobs.append((f"{fam.name}/{task.task_id}", task, fam, p))
+    fails = compile_many(jobs, tmp_path, threads=os.cpu_count() or 2)
+    assert not fails, "\n\n".join(fails)
+
+
+# ---------------------------------------------------------------- cpu correctness (child process)
+
+_CHILD = textwrap.dedent(r'''
+    import ctypes, json, sys, torch
+    from kforge_tui.task import Task
+    from kforge_tui.workload import catalogue
+    from kforge_tui.sandbox.verify import tolerance
+    spec = json.loads(sys.argv[1])
+    task = Task.from_json(spec["task"])
+    lib = ctypes.CDLL(spec["so"])
+    fn = getattr(lib, catalogue.ENTRY)
+    fn.restype = ctypes.c_int
+    TD = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    sizes = catalogue.scalar_args(task)
+    out = []
+    for seed in range(spec["trials"]):
+        g = torch.Generator().manual_seed(seed)
+        inputs = {}
+        whole = None
+        for m in task.inputs:
+            if not m.present:
+                inputs[m.name] = None
+            elif task.op == "silu_mul":
+                if whole is None:
+                    whole = (torch.randn(m.shape[0], 2 * m.shape[1], generator=g) * 3).to(TD[m.dtype])
+                inputs[m.name] = whole[:, : m.shape[1]] if m.name == "a" else whole[:, m.shape[1]:]
+            else:
+                t = torch.randn(m.shape, generator=g) * 2 + (0.5 if m.name == "x" else 1.0)
+                inputs[m.name] = t.to(TD[m.dtype])
+        before = {k: (v.clone() if v is not None else None) for k, v in inputs.items()}
+        ref = catalogue.reference(task, inputs)
+        y = torch.full(task.output.shape, float("nan"), dtype=TD[task.output.dtype])
+        args = []
+        for p in catalogue.signature(task).params:
+            if p.kind in ("in_ptr", "opt_ptr"):
+                t = inputs[p.name]
+                args.append(ctypes.c_void_p(t.data_ptr() if t is not None else 0))
+            elif p.kind == "out_ptr":
+                args.append(ctypes.c_void_p(y.data_ptr()))
+            elif p.kind == "int64":
+                args.append(ctypes.c_int64(int(sizes[p.name])))
+            elif p.kind == "float":
+                args.append(ctypes.c_float(float(sizes[p.name])))
+        rc = fn(*args)
+        rtol, atol = tolerance(task.output.dtype)
+        e, gq = ref.float(), y.float()
+        scale = e.abs().max().item() if e.numel() else 1.0
+        diff = (gq - e).abs()
+        bad = ~((gq == e) | (diff <= atol * scale + rtol * e.abs()))
+        changed = any(v is not None and not torch.equal(v, before[k]) for k, v in inputs.items())
+        out.append({"rc": rc, "bad": int(bad.sum()), "max_abs": float(diff.nan_to_num(1e30).max()),
+                    "changed": changed})
+    print(json.dumps(out))
+''')
+
+
+def run_cpu(task, src: str, workdir: Path, name: str, trials: int = 2) -> list[dict]:
+    rc, log, so = compile_source(src, "cpu", workdir, name)
+    assert rc == 0, log
+    spec = json.dumps({"task": task.to_json(), "so": str(so), "trials": trials})
+    r = subprocess.run([sys.executable, "-c", _CHILD, spec], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert r.returncode == 0, f"child died ({r.returncode}): {r.stderr[-2000:]}"
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _check_cpu_dtype(dtype: str, tmp_path: Path, extra_points: bool = False):
+    jobs = []
+    for task in cases("cpu", dtype):
+        for fam, p in points(task):
+            jobs.append((task, fam, p))
+            if extra_points:
+                for k, vals in fam.space.items():
+                    for v in vals:
+                        q = {**p, k: v}
+                        if q != p and fam.valid(task, q):
+                            jobs.append((task, fam, q))
+                            break
+
+    def one(i_job):
+        i, (task, fam, p) = i_job
+        res = run_cpu(task, fam.render(task, p), tmp_path, f"c{i}")
+        return [f"{fam.name} {p} on {task.task_id}: {r}" for r in res
+                if r["rc"] != 0 or r["bad"] or r["changed"]]
+
+    with ThreadPoolExecutor(2) as ex:
+        fails = [f for fs in ex.map(one, enumerate(jobs)) for f in fs]
+    assert not fails, "\n".join(fails)
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ not installed")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpu_families_match_reference(dtype, tmp_path):
+    _check_cpu_dtype(dtype, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(GXX is None, reason="g++ not installed")
+def test_cpu_families_match_reference_other_points(tmp_path):
+    _check_cpu_dtype("float32", tmp_path, extra_points=True)
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ not installed")
+def test_cpu_harness_catches_a_wrong_kernel(tmp_path):
+    """The correctness check above can fail: a softmax that forgets to normalise is caught."""
+    task = make("softmax", (8, 100), "float32", "cpu", dim=-1)
+    fam = families_for(task)[0]
+    src = fam.render(task, fam.default(task)).replace("yf[j] * inv", "yf[j]")
+    res = run_cpu(task, src, tmp_path, "wrong", trials=1)
+    assert res[0]["bad"] > 0
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ not installed")
+def test_cpu_half_conversions_are_exact(tmp_path):
+    """The uint16_t <-> float conversions agree with torch on every f16 / bf16 bit pattern."""
+    from kforge_tui.search.families._common import cpu_head
+
+    task = make("relu", (65536,), "float16", "cpu")
+    out = []
+    for dtype in ("float16", "bfloat16"):
+        t = make("relu", (65536,), dtype, "cpu")
+        src = cpu_head(t) + textwrap.dedent('''
+            extern "C" void kf_roundtrip(const uint16_t* in, float* f, uint16_t* back, const float* src, uint16_t* rounded, int64_t n) {
+              for (int64_t i = 0; i < n; ++i) { f[i] = kf_in(in[i]); back[i] = kf_round(f[i]); rounded[i] = kf_round(src[i]); }
+            }
+        ''')
+        rc, log, so = compile_source(src, "cpu", tmp_path, f"conv_{dtype}")
+        assert rc == 0, log
+        out.append((dtype, so))
+    del task
+    import ctypes
+
+    for dtype, so in out:
+        lib = ctypes.CDLL(str(so))
+        bits = torch.arange(65536, dtype=torch.int32).to(torch.int16).contiguous()
+        f = torch.empty(65536, dtype=torch.float32)
+        back = torch.empty(65536, dtype=torch.int16)
+        src = torch.randn(65536) * torch.logspace(-9, 6, 65536)
+        src[:4] = torch.tensor([65519.0, 65520.0, 1e-8, -3e-7])
+        rounded = torch.empty(65536, dtype=torch.int16)
+        lib.kf_roundtrip(ctypes.c_void_p(bits.data_ptr()), ctypes.c_void_p(f.data_ptr()),
+                         ctypes.c_void_p(back.data_ptr()), ctypes.c_void_p(src.data_ptr()),
+                         ctypes.c_void_p(rounded.data_ptr()), ctypes.c_int64(65536))
+        expect = bits.view(TD[dtype]).float()
+        same = (f == expect) | (torch.isnan(f) & torch.isnan(expect))
+        assert bool(same.all()), dtype
+        finite = ~torch.isnan(expect)
+        assert torch.equal(back[finite], bits[finite]), dtype
+        assert torch.equal(rounded, src.to(TD[dtype]).view(torch.int16)), dtype
