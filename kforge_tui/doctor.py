@@ -98,17 +98,17 @@ def _tree_sitter() -> Check:
 
 
 def _textual() -> Check:
+    # Asked through package metadata, not imported: engine code never imports Textual.
+    import importlib.util
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        import textual
-
-        v = getattr(textual, "__version__", None)
-        if v is None:
-            from importlib.metadata import version
-
-            v = version("textual")
-        return Check("textual", True, str(v))
-    except Exception as exc:
-        return Check("textual", False, f"not importable: {exc}", "pip install textual")
+        v = version("textual")
+    except PackageNotFoundError:
+        v = None
+    if v is None or importlib.util.find_spec("textual") is None:
+        return Check("textual", False, "not installed (the TUI needs it)", "pip install textual")
+    return Check("textual", True, v)
 
 
 def _llm(llm: str | None, api_base: str | None) -> Check:

@@ -80,11 +80,23 @@ def format_show(data: dict) -> str:
 def format_end_to_end(r: dict) -> str:
     used = r.get("kernels_used") or {}
     ok = "within tolerance" if r.get("within_tolerance") else "MISMATCH"
-    lines = [f"end to end: eager {r.get('eager_ms', 0):.3f} ms → patched {r.get('patched_ms', 0):.3f} ms "
-             f"({_fmt_x(r.get('speedup'))}); max abs err {r.get('max_abs_err', float('nan')):.3g} ({ok})"]
+    if r.get("eager_ms") is None:
+        lines = [f"end to end: {r.get('message') or 'no kernel applied'}"]
+    else:
+        spread = ""
+        if r.get("eager_spread") is not None and r.get("patched_spread") is not None:
+            spread = f", spread {r['eager_spread']:.0%} / {r['patched_spread']:.0%}"
+        lines = [f"end to end: eager {r['eager_ms']:.3f} ms → patched {r['patched_ms']:.3f} ms "
+                 f"({_fmt_x(r.get('speedup'))}{spread}); max abs err {r.get('max_abs_err', float('nan')):.3g} ({ok})"]
     for tid, n in used.items():
         lines.append(f"  kernel {tid}: {n} calls")
-    for tid, why in (r.get("fallbacks") or {}).items():
+    falls = sorted((r.get("fallbacks") or {}).items(), key=lambda kv: -kv[1])
+    for what, n in falls[:3]:
+        lines.append(f"  fell back to PyTorch ({n} calls): {what}")
+    if len(falls) > 3:
+        lines.append(f"  … and {len(falls) - 3} more call sites fell back ({sum(n for _, n in falls[3:])} calls; "
+                     "`kforge apply --json` lists them)")
+    for tid, why in (r.get("skipped") or {}).items():
         lines.append(f"  left to PyTorch {tid}: {why}")
     return "\n".join(lines)
 

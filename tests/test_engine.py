@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures" / "engine"
 MODEL = str(FIX / "softmax_model.py")
 GOOD_CPP = (FIX / "softmax_cpu.cpp").read_text()
-BROKEN_CPP = GOOD_CPP.replace("float inv = 1.f / s;", "float inv = 1.f / s")  # missing ';'
+BROKEN_CPP = GOOD_CPP.replace("expf(", "expf_undeclared(")  # parses, fails to compile
 
 
 def _fenced(src: str) -> str:
@@ -70,7 +70,7 @@ def test_llm_search_records_every_failure_and_reaches_budget(tmp_path):
     nodes = [n for n in store.nodes(task["task_id"]) if n["parent_id"] is not None]
     statuses = [n["status"] for n in nodes]
     assert task["evaluated"] == budget and len(nodes) == budget, statuses
-    assert "ok" in statuses and "compile_error" in statuses
+    assert "ok" in statuses and "compile_error" in statuses, statuses
     failed_props = [n["message"] for n in nodes if n["status"] == "proposal_error"]
     assert len(failed_props) >= 3, statuses  # prose, truncated, 500s, timeout
     assert all(n["status"] != "pending" for n in nodes)

@@ -108,6 +108,7 @@ def test_templates_are_honest():
     (CPU_TEMPLATE, SM_CPU, "#include <immintrin.h>\n#include <omp.h>\n#include <algorithm>\n#include <cstdlib>",
      "float* tmp = (float*)malloc(64); free(tmp); float buf[16] __attribute__((aligned(64))); (void)buf;"),
     (CPU_TEMPLATE, SM_CPU, "struct Acc { static constexpr int kW = 8; float v; };", "Acc a{0.f}; (void)a;"),
+    (CPU_TEMPLATE, SM_CPU, "#pragma once\n#pragma GCC optimize(\"O3\")", "#pragma omp simd\n    for (int i = 0; i < 4; ++i) y[i] = 0;"),
 ])
 def test_legitimate_idioms_pass(template, sig, file, body):
     source, _ = _fill(template, file, body)
@@ -130,6 +131,10 @@ FILE_CASES = [  # (backend, file-scope code, rule)
     ("cuda", "#include <unistd.h>", "include"),
     ("cuda", '#include "helpers.h"', "include"),
     ("cuda", "#define HDR <stdio.h>\n#include HDR", "include"),
+    ("cuda", "#include <cuda/../../../../etc/passwd>", "include"),
+    ("cuda", "#include </proc/self/environ>", "include"),
+    ("cuda", "#include_next <stdio.h>", "preprocessor"),
+    ("cpu", '#embed "/etc/passwd"', "preprocessor"),
     ("cpu", "#include <cuda_runtime.h>", "include"),
     ("cpu", "#include <fstream>", "include"),
     ("cuda", "__device__ float g_cache[1024];", "mutable-state"),
@@ -146,6 +151,8 @@ FILE_CASES = [  # (backend, file-scope code, rule)
     ("cuda", "#define RUN system", "forbidden-call"),
     ("cpu", "#define CAT(a, b) a##b", "macro"),
     ("cuda", 'asm(".globl evil");', "asm"),
+    ("cuda", 'extern "C" int spawn_(unsigned long*, const void*, void* (*)(void*), void*) __asm__("pthread_create");', "asm"),
+    ("cpu", 'extern "C" int run_(const char*) __asm__("system");', "asm"),
     ("cpu", "static inline void nop() { __asm__ __volatile__(\"nop\"); }", "asm"),
     ("cuda", "__host__ __device__ inline unsigned f() { unsigned r; asm(\"mov.u32 %0, 0;\" : \"=r\"(r)); return r; }", "asm"),
 ]
@@ -398,3 +405,19 @@ def test_cuda_signature_needs_the_stream():
     src = (KERNELS / "softmax_f32.cpp").read_text().replace("#include <stdint.h>", "#include <cuda_runtime.h>\n#include <stdint.h>")
     report = check_source(src, SM_CUDA)
     assert "signature" in _rules(report) and "cudaStream_t" in report.text()
+
+
+def test_never_raises_on_truncated_or_mangled_sources():
+    """Whatever the LLM sends, the answer is a report: every prefix and random splices."""
+    import random
+
+    rnd = random.Random(1234)
+    for name, sig in (("softmax_f32.cu", SM_CUDA), ("group_norm_f32.cpp", SM_CPU)):
+        src = (KERNELS / name).read_text()
+        for i in range(0, len(src), 13):
+            assert isinstance(check_source(src[:i], sig), StaticReport)
+        for _ in range(100):
+            a, b = sorted(rnd.randrange(len(src)) for _ in range(2))
+            junk = rnd.choice(["", "{", "}", "(", '"', "'", "/*", "\\", "#", "<<<", "\u00e9", "\\u0073"])
+            report = check_source(src[:a] + junk + src[b:], sig)
+            assert report.ok == (not report.diagnostics)

@@ -373,13 +373,11 @@ class EvaluatorPool:
         rep = check_source(source, sig)
         stage_s["static"] = time.perf_counter() - t
         if not rep.ok:
-            line = None
-            for d in getattr(rep, "diagnostics", []) or []:
-                line = getattr(d, "line", None) or (d.get("line") if isinstance(d, dict) else None)
-                if line:
-                    break
-            return EvalResult("static_error", "static", _one_line(rep.first_line), log=rep.text(),
-                              error_line=line, stage_s=stage_s)
+            diags = list(getattr(rep, "diagnostics", []) or [])
+            first = diags[0].text() if diags else "static check failed"
+            more = f" (+{len(diags) - 1} more)" if len(diags) > 1 else ""
+            return EvalResult("static_error", "static", _one_line(first + more), log=rep.text(),
+                              error_line=rep.first_line, stage_s=stage_s)
 
         # -- compile (subprocess)
         if on_stage:
@@ -388,6 +386,8 @@ class EvaluatorPool:
         assert self._compile_sem is not None
         t = time.perf_counter()
         async with self._compile_sem:
+            stage_s["compile_queue"] = time.perf_counter() - t  # waiting for a compile slot
+            t = time.perf_counter()
             cr = await compile_candidate(source, self.backend, self.arch, self.cache_dir,
                                          self.compile_timeout_s)
         stage_s["compile"] = time.perf_counter() - t

@@ -292,6 +292,8 @@ def check_source(source: str, signature: catalogue.Signature) -> StaticReport:
             _check_include(node, backend, diags)
         elif t in ("preproc_def", "preproc_function_def"):
             _check_macro(node, backend, diags)
+        elif t == "preproc_call":
+            _check_directive(node, diags)
         elif t == "identifier":
             _check_identifier(node, backend, diags)
         elif t == "qualified_identifier":
@@ -392,9 +394,25 @@ def _check_include(node, backend: str, diags: list[Diagnostic]) -> None:
                                 "named literally", "include"))
         return
     path = raw[1:-1].strip()
-    if not _include_allowed(path, backend):
+    if ".." in path or path.startswith("/") or "\\" in path:
+        diags.append(Diagnostic(line, col, f"#include <{path}> is not allowed: a header path must "
+                                "not climb out of the include directories", "include"))
+    elif not _include_allowed(path, backend):
         diags.append(Diagnostic(line, col, f"#include <{path}> is not allowed on the {backend} "
                                 f"backend: {_include_reason(path)}", "include"))
+
+
+_DIRECTIVES_OK = {"#pragma", "#error", "#warning", "#undef"}
+
+
+def _check_directive(node, diags: list[Diagnostic]) -> None:
+    """#include_next, #import, #embed, #line ...: other ways to pull in files or skew line numbers."""
+    d = node.child_by_field_name("directive")
+    name = re.sub(r"\s+", "", _txt(d)) if d is not None else "#?"
+    if name not in _DIRECTIVES_OK:
+        line, col = _pos(node)
+        diags.append(Diagnostic(line, col, f"the {name} directive is not allowed in a kernel",
+                                "preprocessor"))
 
 
 def _check_macro(node, backend: str, diags: list[Diagnostic]) -> None:
@@ -468,6 +486,8 @@ def _declared_vars(node):
     for i, c in enumerate(node.children):
         if node.field_name_for_child(i) != "declarator":
             continue
+        if "asm" in c.type:
+            continue  # an asm label (`... __asm__("sym")`), reported by _check_asm
         d, top_const, is_func = c, None, False
         while d is not None:
             if d.type in ("function_declarator", "abstract_function_declarator"):
@@ -491,8 +511,8 @@ def _declared_vars(node):
 def _check_declaration(node, diags: list[Diagnostic]) -> None:
     storage, quals = _specifiers(node)
     local = _inside_function(node)
-    if local and "static" not in storage:
-        return
+    if local and not storage & {"static", "extern"}:
+        return  # an automatic local lives for one call
     if "__shared__" in quals or "__constant__" in quals:
         # __shared__ lives for one block of one launch; device code cannot write __constant__ and
         # the host-side writers (cudaMemcpyToSymbol, cudaGetSymbolAddress) are forbidden calls.
@@ -533,6 +553,13 @@ def _enclosing_function(node):
 
 def _check_asm(node, backend: str, diags: list[Diagnostic]) -> None:
     line, col = _pos(node)
+    if node.parent is not None and node.parent.type in ("declaration", "field_declaration",
+                                                         "function_definition"):
+        code = node.child_by_field_name("assembly_code")
+        sym = _txt(code).strip('"') if code is not None else "?"
+        diags.append(Diagnostic(line, col, f"asm label {sym!r} is not allowed: it binds a name to a "
+                                "symbol the check cannot see", "asm"))
+        return
     if backend != "cuda":
         diags.append(Diagnostic(line, col, "inline asm is not allowed on the cpu backend: it can "
                                 "issue system calls the check cannot see (use intrinsics from "

@@ -113,6 +113,15 @@ class Guarded:
     def save(self) -> None:
         self._saved = self.base.clone()
 
+    def restore(self) -> None:
+        """Undo whatever a previous candidate did to this buffer (inputs are shared by candidates)."""
+        if self._saved is not None:
+            self.base.copy_(self._saved)
+
+    def reset_guards(self) -> None:
+        self.base[:GUARD_BYTES].fill_(GUARD_BYTE)
+        self.base[GUARD_BYTES + self.nbytes:].fill_(GUARD_BYTE)
+
     def unchanged(self) -> bool:
         return self._saved is not None and bool(torch.equal(self.base, self._saved))
 
@@ -195,7 +204,7 @@ def compare(expected: torch.Tensor, got: torch.Tensor, dtype: str, input_set: st
     """None when `got` matches; else a Mismatch naming the first reason in priority order."""
     rtol, atol = tolerance(dtype)
     e = expected.detach().to(torch.float64).reshape(-1)
-    g = got.detach().to(torch.float64).reshape(-1)
+    g = got.detach().to(torch.float64, copy=True).reshape(-1)  # a copy: the snapshot everything uses
     total = e.numel()
     if g.numel() != total:
         return Mismatch(input_set, float("inf"), float("inf"), total, total, [],
@@ -209,14 +218,14 @@ def compare(expected: torch.Tensor, got: torch.Tensor, dtype: str, input_set: st
     n_bad = int(bad.sum())
     if n_bad == 0:
         return None
-    if poison is not None and not (poison != poison):  # finite sentinel: exact survivors
-        survived = bad & (got.detach().reshape(-1).to(torch.float64) == float(
-            torch.tensor(poison, dtype=got.dtype).double()))
-    elif poison is not None:
-        survived = bad & g_nan & ~e_nan
+    # every test below reads the one snapshot `g`: the buffer itself may still be changing
+    # (work left running on another stream or thread)
+    if poison is not None and poison == poison:  # a finite sentinel survives exactly
+        sentinel = float(torch.tensor(poison, dtype=got.dtype).double())
+        survived = int((bad & (g == sentinel)).sum())
     else:
-        survived = torch.zeros_like(bad)
-    if int(survived.sum()) and poison is not None and poison == poison:
+        survived = 0
+    if survived:
         reason = "unwritten elements (poison survived)"
     elif int((g_nan & ~e_nan).sum()):
         reason = "NaN where the reference is finite (unwritten or computed NaN)"
@@ -274,6 +283,7 @@ def check_run(s: InputSet, dtype: str, poison: float, label: str | None = None) 
 
 
 def prepare_run(s: InputSet, poison: float) -> None:
+    s.out.reset_guards()
     s.out.fill(poison)
     for g in s.inputs.values():
         if g is not None and g._saved is None:
@@ -293,6 +303,13 @@ def run_checked(call: Callable[[InputSet], int], s: InputSet, dtype: str, poison
     return check_run(s, dtype, poison, label)
 
 
+def restore_inputs(sets: list[InputSet]) -> None:
+    for s in sets:
+        for g in s.inputs.values():
+            if g is not None:
+                g.restore()
+
+
 def verify_candidate(call: Callable[[InputSet], int], sets: list[InputSet], dtype: str,
                      sync: Callable[[], None], scrub: Callable[[], None] | None = None) -> Mismatch | None:
     """Every set twice (sentinel then NaN poison), then new values in reused buffers.
@@ -301,6 +318,7 @@ def verify_candidate(call: Callable[[InputSet], int], sets: list[InputSet], dtyp
     another stream is unfinished when checked); `scrub` overwrites memory the reference used.
     Raises CandidateError for a non-zero return code.
     """
+    restore_inputs(sets)  # the sets are shared by every candidate of the task
     for s in sets:
         for poison in (SENTINEL, float("nan")):
             mm = run_checked(call, s, dtype, poison, sync, scrub=scrub)

@@ -198,7 +198,7 @@ class Worker:
                 mm = verify.verify_candidate(call, st.sets, task.output.dtype, self.backend.sync)
             self.backend.check_device()
         except verify.CandidateError as e:
-            return self._fail(res, "verify_error", "verify", self._rc_text(str(e)))
+            return self._rc_fault(res, "verify", e)
         except Exception as e:
             return self._device_fault(res, "verify", e)
         stage_s["verify"] = time.perf_counter() - t
@@ -216,7 +216,7 @@ class Worker:
                                               check_dtype=task.output.dtype)
             self.backend.check_device()
         except verify.CandidateError as e:
-            return self._fail(res, "verify_error", "time", self._rc_text(str(e)))
+            return self._rc_fault(res, "time", e)
         except Exception as e:
             return self._device_fault(res, "time", e)
         stage_s["time"] = time.perf_counter() - t
@@ -241,6 +241,17 @@ class Worker:
         except (ValueError, IndexError):
             return msg
 
+    def _rc_fault(self, res: dict, stage: str, e: Exception) -> dict:
+        """A non-zero return code; on cuda it may be a sticky error from an earlier launch."""
+        from kforge_tui.sandbox.backends.cuda import FatalDeviceError
+
+        try:
+            self.backend.check_device()
+        except FatalDeviceError as fe:
+            res["fatal"] = True
+            return self._fail(res, "crash", stage, f"{self._rc_text(str(e))}; {fe} (device context lost)")
+        return self._fail(res, "verify_error", stage, self._rc_text(str(e)))
+
     def _device_fault(self, res: dict, stage: str, e: Exception) -> dict:
         from kforge_tui.sandbox.backends.cuda import FatalDeviceError
 
@@ -261,6 +272,12 @@ class Worker:
 
 def main(argv=None) -> int:
     proto = _protocol_stream()
+    # OpenMP threads must not spin-wait between calls: on a small box idle spinners left by
+    # a torch op (the cache flush, a check) steal the cores of the next timed call. Set before
+    # torch is imported; -fopenmp candidates resolve libgomp.so.1 to the runtime torch already
+    # loaded (or the system one, which reads the same variables), so eager and candidate run
+    # under the same policy and thread count.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     ap = argparse.ArgumentParser(prog="kforge_tui.sandbox.worker")
     ap.add_argument("--backend", choices=("cpu", "cuda"), required=True)
     ap.add_argument("--device", type=int, default=0)

@@ -181,7 +181,7 @@ class KforgeApp(App):
     # ------------------------------------------------------------------ drawing
     def flush(self) -> None:
         """Fold the queued events into the model and redraw only what they changed."""
-        if (not self._queue and not self._open_pending) or not self.screen_stack:
+        if (not self._queue and not self._open_pending) or not self._main_ready():
             return
         batch, self._queue = self._queue, []
         d = Dirty()
@@ -218,11 +218,16 @@ class KforgeApp(App):
             self._w(LogTabs).show_run_log(m.logs)
 
     def _tick(self) -> None:
-        if self.model.running:
+        if self.model.running and self._main_ready():
             self._w(StatusBar).show(self.model, self.clock())
 
+    def _main_ready(self) -> bool:
+        """False while the app is tearing down (timers may still fire after widgets are gone)."""
+        return bool(self.screen_stack) and bool(
+            self.screen_stack[0].query(StatusBar))
+
     def select_task(self, task_id: str) -> None:
-        if task_id not in self.model.tasks or not self.screen_stack:
+        if task_id not in self.model.tasks or not self._main_ready():
             return
         self.task_id = task_id
         t = self.model.tasks[task_id]
@@ -249,6 +254,8 @@ class KforgeApp(App):
         logs.show_node(row)
         if row and n is not None and n.failed:
             logs.active = "log-mismatch" if result_of(row).get("mismatch") else "log-compile"
+        elif row and n is not None and n.status == "ok" and n.action != "root":
+            logs.active = "log-timing"
         if row is None and self.node_id is not None and self.details.error:
             self._w(SourceView).border_subtitle = self.details.error[:60]
 
@@ -260,7 +267,13 @@ class KforgeApp(App):
     def on_tree_node_highlighted(self, event: Tree.NodeHighlighted) -> None:
         if event.node.data is not None and event.node.data != self.node_id:
             self.node_id = event.node.data
-            self._open_pending = True  # drawn by the next flush: key repeat never queues store reads
+            self._open_pending = True
+            self.call_later(self._open_now)  # after queued keys: key repeat opens only the last node
+
+    def _open_now(self) -> None:
+        if self._open_pending and self._main_ready():
+            self._open_pending = False
+            self._show_node()
 
     def on_tree_node_selected(self, event: Tree.NodeSelected) -> None:
         if event.node.data is not None:

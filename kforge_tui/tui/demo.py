@@ -67,7 +67,7 @@ def scripted_run(nodes_per_task: int = 12, *, seed: int = 0, in_flight: int = 2,
         for k in range(nodes_per_task - 1):
             nid += 1
             t += 1.0
-            parent = rng.choice(ids[-8:])
+            parent = rng.choice(ids)  # random recursive tree: depth ~ log n, like MCTS
             action = rng.choice(["family:warp_per_row", "set:vec=4", "set:block=512", "llm:improve"])
             out.append(ev.NodeAdded(task_id=tid, node_id=nid, parent_id=parent, action=action,
                                     proposer="builtin", ts=t))

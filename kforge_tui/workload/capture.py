@@ -195,11 +195,9 @@ class _Recorder:
                     for n, t in inputs.items())
         return op, sig, repr(sorted(params.items()))
 
-    def wants_save(self, key) -> bool:
-        g = self.groups.get(key)
-        return (len(g.saved) if g else 0) < self.max_calls
-
     def record(self, key, op, inputs, params, output, clones=None):
+        # the output's dtype is part of the task (softmax(x, dtype=float32) on bf16 x)
+        key = key + (_dtname(output.dtype), tuple(output.shape))
         g = self.groups.get(key)
         if g is None:
             g = self.groups[key] = _Group(op, {n: _meta(t) for n, t in inputs.items()}, params,
@@ -258,7 +256,7 @@ class _CaptureMode(TorchFunctionMode):
         key = self.rec.key_of(op, inputs, params)
         clones = None
         inplace = func in _INPLACE and bool(_arg(args, kwargs, 1, "inplace", False))
-        if key is not None and inplace and rec.wants_save(key):
+        if key is not None and inplace:  # keep the input as it was before the op overwrites it
             clones = {n: (None if t is None else t.detach().clone()) for n, t in inputs.items()}
         out = func(*args, **kwargs)
         if key is not None and isinstance(out, torch.Tensor):
@@ -407,6 +405,8 @@ def capture(loaded: LoadedModel, run_dir, profile: Profile, *, top_n: int | None
         log.info("capture: skipped %d call(s): %s", n, why)
     for task, g in entries:
         d = capture_dir(run_dir, task.task_id)
+        for stale in Path(d).glob("call_*.pt"):  # an earlier capture into the same run dir
+            stale.unlink()
         for k, (inp, out) in enumerate(g.saved):
             save_call(Path(d) / f"call_{k}.pt", inp, task.params, out)
         if g.over_budget:

@@ -226,7 +226,7 @@ def _time(evt, cuda: bool) -> float:
 def _aggregate(events, device: str, iters: int) -> Profile:
     cuda = device.startswith("cuda")
     total = 0.0
-    groups: dict[tuple, list] = defaultdict(lambda: [0, 0.0, ""])  # calls, time, aten
+    groups: dict[tuple, list] = defaultdict(lambda: [0, 0.0])  # calls, time (all iters)
     for evt in events:
         if evt.device_type.name != "CPU" or getattr(evt, "is_async", False):
             continue
@@ -262,7 +262,7 @@ def _aggregate(events, device: str, iters: int) -> Profile:
         g[1] += _time(evt, cuda)
     per_fwd_total = total / iters
     rows = []
-    for (op, aten, shapes, dtype), (calls, t, _) in groups.items():
+    for (op, aten, shapes, dtype), (calls, t) in groups.items():
         t_fwd = t / iters
         n = max(1, round(calls / iters))
         rows.append(ProfileRow(op=op, aten=aten, shapes=[list(s) for s in shapes], dtype=dtype,

@@ -15,8 +15,8 @@ import torch
 
 # Flushing a buffer of 2x the LLC each call is the textbook recipe, but VMs report odd LLC
 # sizes (this CI box says 300 MB for 2 cores) and a flush that large would dominate a batch;
-# 64 MiB comfortably exceeds any per-core share of a real LLC. KFORGE_CPU_FLUSH_BYTES overrides.
-MAX_FLUSH = 64 * 2**20
+# 32 MiB exceeds any per-core share of a real LLC. KFORGE_CPU_FLUSH_BYTES overrides.
+MAX_FLUSH = 32 * 2**20
 
 
 def llc_bytes() -> int:
@@ -49,7 +49,6 @@ class CpuBackend:
 
     def setup(self) -> None:
         os.environ["OMP_NUM_THREADS"] = str(self.threads)
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     def describe(self) -> str:
         from kforge_tui.device import device_info
@@ -102,26 +101,41 @@ class CpuBackend:
         return f"cpu:{self.describe()}"
 
     def measure_bandwidth(self) -> tuple[float, str]:
-        """Best of a copy (read + write bytes) and a read-only sum over 256 MiB, best of 5.
+        """The best of: a 256 MiB copy (read + write bytes), a 256 MiB read-only sum, and a
+        1 MiB copy that stays in cache - best run of each.
 
-        The better of the two and the best run are used because the floor must never be
-        above what an honest kernel can reach (a copy pays write-allocate traffic that a kernel
-        with streaming stores avoids)."""
-        n = 64 * 2**20  # float32 elements: 256 MiB
-        src = torch.ones(n, dtype=torch.float32)
-        dst = torch.empty_like(src)
-        dst.copy_(src)
-        best_copy = best_read = 0.0
-        for _ in range(5):
-            t = time.perf_counter()
+        A floor must never be above what an honest kernel can reach. On a cpu the cache flush is
+        not guaranteed to evict everything (VMs misreport the LLC, a 32 MiB flush is a compromise)
+        and a busy box measures DRAM bandwidth low, so the cache-resident rate bounds it: the cpu
+        floor then only catches the grossly impossible (an empty timed region), which is what
+        it is for; the timed-output check catches the rest."""
+        def best(n_floats: int, reps: int, fn) -> float:
+            src = torch.ones(n_floats, dtype=torch.float32)
+            dst = torch.empty_like(src)
+            fn(src, dst)
+            top = 0.0
+            for _ in range(reps):
+                t = time.perf_counter()
+                nbytes = fn(src, dst)
+                top = max(top, nbytes / (time.perf_counter() - t) / 1e9)
+            return top
+
+        def copy(src, dst):
             dst.copy_(src)
-            best_copy = max(best_copy, 2 * n * 4 / (time.perf_counter() - t) / 1e9)
-            t = time.perf_counter()
+            return 2 * src.numel() * 4
+
+        def read(src, dst):
             src.sum()
-            best_read = max(best_read, n * 4 / (time.perf_counter() - t) / 1e9)
-        gbs = max(best_copy, best_read)
-        return gbs, (f"cpu memory bandwidth {gbs:.1f} GB/s (best of copy {best_copy:.1f}, "
-                     f"read {best_read:.1f}; 256 MiB, {self.threads} threads)")
+            return src.numel() * 4
+
+        big = 64 * 2**20  # float32 elements: 256 MiB
+        dram_copy, dram_read = best(big, 5, copy), best(big, 5, read)
+        # cache-resident: one thread (no wake-ups to measure), scaled by the thread count
+        hot = best(256 * 1024, 50, lambda src, dst: (dst.numpy().__setitem__(slice(None), src.numpy()),
+                                                     2 * src.numel() * 4)[1]) * self.threads
+        gbs = max(dram_copy, dram_read, hot)
+        return gbs, (f"cpu bandwidth {gbs:.1f} GB/s (best of 256 MiB copy {dram_copy:.1f}, read "
+                     f"{dram_read:.1f}, cache-resident 1 MiB copy {hot:.1f} (1 thread x {self.threads}); {self.threads} threads)")
 
 
 def load_library(path: str):

@@ -170,17 +170,17 @@ __global__ void __launch_bounds__(THREADS) kf_norm(const TI* __restrict__ x, con
 
 _CUDA_NORM_LAUNCH = r"""
   if (@ROWS@ <= 0 || @N@ <= 0) return 0;
-  const int64_t rows = @ROWS@, nn = @N@;
+  const int64_t kr = @ROWS@, nn = @N@;
   const int64_t rpb = @THREADS@ / @ROWT@;
-  const int64_t blocks = (rows + rpb - 1) / rpb;
+  const int64_t blocks = (kr + rpb - 1) / rpb;
   const unsigned grid = (unsigned)(blocks < 2147483647 ? blocks : 2147483647);
   const bool fast = (@UNIT@ % @VEC@ == 0) && nn <= (int64_t)@CAP@ && kf_aligned(x, @VEC@ * sizeof(TI)) &&
                     kf_aligned(y, @VEC@ * sizeof(TO)) && (!@W@ || kf_aligned(@W@, @VEC@ * sizeof(TI))) &&
                     (!@B@ || kf_aligned(@B@, @VEC@ * sizeof(TI)));
   if (fast) kf_norm<@THREADS@, @ROWT@, @VEC@, @ITEMS@, @KIND@, @ROUND2@><<<grid, @THREADS@, 0, stream>>>(
-      x, @W@, @B@, y, rows, nn, eps, @WOFF@, @HW@, @CG@, @G@);
+      x, @W@, @B@, y, kr, nn, eps, @WOFF@, @HW@, @CG@, @G@);
   else kf_norm<@THREADS@, @ROWT@, 1, 0, @KIND@, @ROUND2@><<<grid, @THREADS@, 0, stream>>>(
-      x, @W@, @B@, y, rows, nn, eps, @WOFF@, @HW@, @CG@, @G@);
+      x, @W@, @B@, y, kr, nn, eps, @WOFF@, @HW@, @CG@, @G@);
   return (int)cudaGetLastError();
 """
 

@@ -21,6 +21,8 @@ def node_label(n: NodeState, best: bool) -> Text:
     icon, style = ICONS.get(n.status, ("✘", "red"))
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(icon + " ", style=style)
+    if best:
+        t.append("★ ", style="bold green")  # first, so narrow panes never cut it off
     t.append(f"#{n.node_id} ", style="bold")
     t.append(n.action)
     if n.failed:
@@ -31,8 +33,6 @@ def node_label(n: NodeState, best: bool) -> Text:
         t.append(f" {n.time_us:.1f}µs")
     if n.speedup is not None:
         t.append(f" {n.speedup:.2f}x", style="green" if n.speedup > 1 else "")
-    if best:
-        t.append(" ★ best", style="bold green")
     return t
 
 

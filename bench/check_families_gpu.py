@@ -1,0 +1,239 @@
+"""Check and time every cuda kernel family on the issue-7 cases (run on the GPU machine).
+
+    python bench/check_families_gpu.py                # all cases, eager + torch.compile
+    python bench/check_families_gpu.py --no-compile   # skip torch.compile (faster)
+    python bench/check_families_gpu.py --only softmax --points 6
+
+For each case and each cuda family that serves it: the default point plus a few one-parameter
+neighbours are rendered, compiled with nvcc in parallel, checked against PyTorch (the sandbox's
+per-dtype tolerance) and timed with CUDA events around each call, L2 flushed before each call,
+median of --reps calls after warm-up; eager and torch.compile are timed the same way. The floor
+is catalogue.bytes_moved over the measured device-to-device copy bandwidth. Self-contained:
+only torch, nvcc and this package. Target: < 8 minutes on an H200.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from kforge_tui.sandbox.verify import tolerance  # noqa: E402
+from kforge_tui.search.families import families_for  # noqa: E402
+from kforge_tui.search.proposers.builtin import BuiltinProposer  # noqa: E402
+from kforge_tui.workload import catalogue  # noqa: E402
+
+TD = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def make(op, shape, dtype, **params):
+    dt = TD[dtype]
+    e = lambda *s: torch.empty(*s, dtype=dt)  # noqa: E731
+    if op == "silu_mul":
+        rows, cols = shape
+        whole = e(rows, 2 * cols)
+        return catalogue.make_task(op, {"a": whole[:, :cols], "b": whole[:, cols:]}, params, e(rows, cols), "cuda")
+    inputs = {"x": e(shape)}
+    out = e(shape)
+    if op == "layer_norm":
+        params.update(normalized_shape=[shape[-1]], eps=1e-5)
+        inputs.update(weight=e(shape[-1]), bias=e(shape[-1]))
+    elif op == "rms_norm":
+        params.update(normalized_shape=[shape[-1]], eps=1e-6)
+        inputs.update(weight=e(shape[-1]))
+    elif op == "group_norm":
+        params.setdefault("eps", 1e-6)
+        inputs.update(weight=e(shape[1]), bias=e(shape[1]))
+    elif op == "adaptive_avg_pool2d":
+        out = e(shape[:-2] + tuple(params["output_size"]))
+    return catalogue.make_task(op, inputs, params, out, "cuda")
+
+
+CASES = [
+    ("pool [32,2048,7,7] f32", lambda: make("adaptive_avg_pool2d", (32, 2048, 7, 7), "float32", output_size=[1, 1])),
+    ("group_norm [1,512,128,128] g32 f32", lambda: make("group_norm", (1, 512, 128, 128), "float32", groups=32)),
+    ("group_norm [1,512,128,128] g32 bf16", lambda: make("group_norm", (1, 512, 128, 128), "bfloat16", groups=32)),
+    ("group_norm [1,256,512,512] g32 f32", lambda: make("group_norm", (1, 256, 512, 512), "float32", groups=32)),
+    ("group_norm [1,256,512,512] g32 bf16", lambda: make("group_norm", (1, 256, 512, 512), "bfloat16", groups=32)),
+    ("softmax [8,262144] f32", lambda: make("softmax", (8, 262144), "float32", dim=-1)),
+    ("softmax [4096,256] f32", lambda: make("softmax", (4096, 256), "float32", dim=-1)),
+    ("softmax [1,8,2048,2048] bf16", lambda: make("softmax", (1, 8, 2048, 2048), "bfloat16", dim=-1)),
+    ("layer_norm [8192,4096] bf16", lambda: make("layer_norm", (8192, 4096), "bfloat16")),
+    ("rms_norm [8192,4096] bf16", lambda: make("rms_norm", (8192, 4096), "bfloat16", variant="llama")),
+    ("silu*mul [8192,2x8192] bf16", lambda: make("silu_mul", (8192, 8192), "bfloat16")),
+]
+
+
+def inputs_for(task, gen):
+    out, whole = {}, None
+    for m in task.inputs:
+        if not m.present:
+            out[m.name] = None
+        elif task.op == "silu_mul":
+            if whole is None:
+                whole = (torch.randn(m.shape[0], 2 * m.shape[1], device="cuda", generator=gen) * 3).to(TD[m.dtype])
+            out[m.name] = whole[:, : m.shape[1]] if m.name == "a" else whole[:, m.shape[1]:]
+        else:
+            scale = 4.0 if task.op in ("softmax", "log_softmax") else 1.0
+            out[m.name] = (torch.randn(m.shape, device="cuda", generator=gen) * scale + 0.3).to(TD[m.dtype])
+    return out
+
+
+def points(task, fam, k):
+    """The default plus up to k-1 one-parameter neighbours (what the proposer's set: moves reach)."""
+    d = fam.default(task)
+    pts = [d]
+    for _, _, q in BuiltinProposer._neighbours(task, fam, d):
+        if len(pts) >= k:
+            break
+        pts.append(q)
+    return pts
+
+
+def compile_one(src: str, workdir: Path, name: str) -> tuple[str | None, str]:
+    cu, so = workdir / f"{name}.cu", workdir / f"{name}.so"
+    cu.write_text(src)
+    r = subprocess.run(["nvcc", "-arch=sm_90", "-O3", "-shared", "-Xcompiler", "-fPIC", str(cu), "-o", str(so)],
+                       capture_output=True, text=True)
+    return (str(so) if r.returncode == 0 else None), r.stderr[-600:]
+
+
+def time_fn(fn, reps: int, flush: torch.Tensor) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        flush.zero_()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e) * 1000.0)
+    return statistics.median(ts)
+
+
+def copy_bandwidth(flush) -> float:
+    a = torch.empty(2**28, dtype=torch.float32, device="cuda")  # 1 GiB
+    b = torch.empty_like(a)
+    us = time_fn(lambda: b.copy_(a), 10, flush)
+    return 2 * a.numel() * 4 / (us * 1e-6) / 1e9  # GB/s
+
+
+def kernel_call(task, so, inp, y):
+    fn = getattr(ctypes.CDLL(so), catalogue.ENTRY)
+    fn.restype = ctypes.c_int
+    sizes = catalogue.scalar_args(task)
+    args = []
+    for p in catalogue.signature(task, "cuda").params:
+        if p.kind in ("in_ptr", "opt_ptr"):
+            t = inp.get(p.name)
+            args.append(ctypes.c_void_p(t.data_ptr() if t is not None else 0))
+        elif p.kind == "out_ptr":
+            args.append(ctypes.c_void_p(y.data_ptr()))
+        elif p.kind == "int64":
+            args.append(ctypes.c_int64(int(sizes[p.name])))
+        elif p.kind == "float":
+            args.append(ctypes.c_float(float(sizes[p.name])))
+        elif p.kind == "stream":
+            args.append(ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+    return lambda: fn(*args)
+
+
+def check(task, out, ref) -> str | None:
+    rtol, atol = tolerance(task.output.dtype)
+    e, g = ref.float(), out.float()
+    scale = float(e.abs().max())
+    bad = ~((g == e) | ((g - e).abs() <= atol * scale + rtol * e.abs()))
+    n = int(bad.sum())
+    return None if n == 0 else f"{n}/{e.numel()} wrong, max abs {float((g - e).abs().nan_to_num(1e30).max()):.3g}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--points", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=40)
+    a = ap.parse_args()
+    t0 = time.time()
+    flush = torch.empty(2**26, dtype=torch.float32, device="cuda")  # 256 MiB > 60 MB L2
+    bw = copy_bandwidth(flush)
+    print(f"# {torch.cuda.get_device_name()}  copy bandwidth {bw:.0f} GB/s  torch {torch.__version__}", flush=True)
+    cases = [(n, f()) for n, f in CASES if a.only in n]
+    work = Path(tempfile.mkdtemp(prefix="kforge_fam_"))
+    jobs = []  # (case index, family, params, source)
+    for ci, (_, task) in enumerate(cases):
+        for fam in families_for(task):
+            for p in points(task, fam, a.points):
+                jobs.append((ci, fam.name, p, fam.render(task, p)))
+    with ThreadPoolExecutor(os.cpu_count() or 8) as ex:
+        built = list(ex.map(lambda ij: compile_one(ij[1][3], work, f"k{ij[0]}"), enumerate(jobs)))
+    print(f"# compiled {sum(1 for s, _ in built if s)}/{len(jobs)} in {time.time() - t0:.0f}s", flush=True)
+    rows = []
+    for ci, (name, task) in enumerate(cases):
+        gen = torch.Generator(device="cuda").manual_seed(ci)
+        inp = inputs_for(task, gen)
+        ref = catalogue.reference(task, inp)
+        floor_b, note = catalogue.bytes_moved(task)
+        floor = floor_b / (bw * 1e9) * 1e6
+        eager = time_fn(lambda: catalogue.reference(task, inp), a.reps, flush)
+        comp = float("nan")
+        if not a.no_compile:
+            try:
+                cf = torch.compile(lambda d: catalogue.reference(task, d))
+                cf(inp)
+                comp = time_fn(lambda: cf(inp), a.reps, flush)
+            except Exception as e:  # report, keep going
+                print(f"  torch.compile failed on {name}: {e}", flush=True)
+        best = None
+        for (cj, fname, p, _), (so, log) in zip(jobs, built):
+            if cj != ci:
+                continue
+            label = f"{fname} {p}"
+            if so is None:
+                print(f"  {name}: {label}: COMPILE FAIL {log.splitlines()[0] if log else ''}", flush=True)
+                continue
+            y = torch.full(task.output.shape, float("nan"), dtype=TD[task.output.dtype], device="cuda")
+            call = kernel_call(task, so, inp, y)
+            rc = call()
+            torch.cuda.synchronize()
+            err = f"rc={rc}" if rc else check(task, y, ref)
+            if err:
+                print(f"  {name}: {label}: WRONG {err}", flush=True)
+                continue
+            us = time_fn(call, a.reps, flush)
+            print(f"  {name}: {label}: {us:8.1f} us  ({us / floor:4.2f}x floor)", flush=True)
+            if best is None or us < best[0]:
+                best = (us, label)
+        rows.append((name, floor, note, eager, comp, best))
+    print(f"\n{'case':38s} {'floor':>7s} {'eager':>8s} {'compile':>8s} {'best':>8s} {'x floor':>7s} "
+          f"{'vs eager':>8s} {'vs comp':>7s}  best point")
+    gm, n = 1.0, 0
+    for name, floor, note, eager, comp, best in rows:
+        if best is None:
+            print(f"{name:38s} {floor:7.1f} {eager:8.1f} {comp:8.1f}  (no correct kernel)")
+            continue
+        us, label = best
+        gm *= eager / us
+        n += 1
+        print(f"{name:38s} {floor:7.1f} {eager:8.1f} {comp:8.1f} {us:8.1f} {us / floor:7.2f} {eager / us:8.2f} "
+              f"{comp / us:7.2f}  {label}" + ("  [floor: input read twice]" if "twice" in note else ""))
+    if n:
+        print(f"geomean speedup over eager: {gm ** (1 / n):.2f}x over {n} cases; wall {time.time() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

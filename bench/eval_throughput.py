@@ -1,0 +1,172 @@
+"""Evaluation throughput: ~20 distinct honest softmax candidates end to end through the pool
+(static check, compile in parallel, load, verify, time), as the search would submit them.
+
+    python bench/eval_throughput.py --backend cpu|cuda [--n 20] [--shape 4096,256]
+
+Prints candidates per minute, the median seconds per stage and source-to-result latency; the
+last line is a short table. The compile cache is a fresh temp directory, so every compile is real.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from kforge_tui.sandbox.pool import EvaluatorPool  # noqa: E402
+from kforge_tui.workload import catalogue  # noqa: E402
+
+CPU_TEMPLATE = """// softmax variant {tag}
+#include <stdint.h>
+#include <math.h>
+#include <float.h>
+extern "C" int kforge_launch(const float* x, float* y, int64_t outer, int64_t n, int64_t inner) {{
+#pragma omp parallel for schedule({sched})
+    for (int64_t r = 0; r < outer * inner; ++r) {{
+        const int64_t o = r / inner, i = r % inner;
+        const float* xr = x + o * n * inner + i;
+        float* yr = y + o * n * inner + i;
+        float m = -FLT_MAX, s = 0.f;
+        for (int64_t j = 0; j < n; ++j) m = fmaxf(m, xr[j * inner]);
+        {body}
+    }}
+    return 0;
+}}
+"""
+CPU_BODIES = {
+    "store-exp": "for (int64_t j = 0; j < n; ++j) { float e = expf(xr[j * inner] - m); yr[j * inner] = e; s += e; }\n"
+                 "        const float inv = 1.f / s;\n"
+                 "        for (int64_t j = 0; j < n; ++j) yr[j * inner] *= inv;",
+    "recompute": "for (int64_t j = 0; j < n; ++j) s += expf(xr[j * inner] - m);\n"
+                 "        for (int64_t j = 0; j < n; ++j) yr[j * inner] = expf(xr[j * inner] - m) / s;",
+    "double-acc": "double d = 0.0;\n"
+                  "        for (int64_t j = 0; j < n; ++j) { float e = expf(xr[j * inner] - m); yr[j * inner] = e; d += e; }\n"
+                  "        const float inv = (float)(1.0 / d); (void)s;\n"
+                  "        for (int64_t j = 0; j < n; ++j) yr[j * inner] *= inv;",
+    "online": "float mm = -FLT_MAX; (void)m;\n"
+              "        for (int64_t j = 0; j < n; ++j) { float v = xr[j * inner]; if (v > mm) { s = s * expf(mm - v) + 1.f; mm = v; } else s += expf(v - mm); }\n"
+              "        for (int64_t j = 0; j < n; ++j) yr[j * inner] = expf(xr[j * inner] - mm) / s;",
+}
+CPU_SCHEDS = ["static", "dynamic", "guided", "static, 4", "dynamic, 16"]
+
+CUDA_TEMPLATE = """// softmax variant {tag}
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <float.h>
+constexpr int kThreads = {threads};
+__device__ __forceinline__ float wmax(float v) {{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}}
+__device__ __forceinline__ float wsum(float v) {{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}}
+__device__ float block_reduce(float v, bool is_max) {{
+    __shared__ float red[kThreads / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = is_max ? wmax(v) : wsum(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = threadIdx.x < kThreads / 32 ? red[threadIdx.x] : (is_max ? -FLT_MAX : 0.f);
+    if (warp == 0) v = is_max ? wmax(v) : wsum(v);
+    if (threadIdx.x == 0) red[0] = v;
+    __syncthreads();
+    v = red[0];
+    __syncthreads();
+    return v;
+}}
+__global__ void __launch_bounds__(kThreads) softmax_kernel(const float* __restrict__ x,
+        float* __restrict__ y, int64_t n, int64_t inner) {{
+    const int64_t row = blockIdx.x, o = row / inner, i = row % inner;
+    const float* xr = x + o * n * inner + i;
+    float* yr = y + o * n * inner + i;
+    float m = -FLT_MAX;
+    for (int64_t j = threadIdx.x; j < n; j += kThreads) m = fmaxf(m, {load});
+    m = block_reduce(m, true);
+    float s = 0.f;
+    for (int64_t j = threadIdx.x; j < n; j += kThreads) s += {exp}({load} - m);
+    s = block_reduce(s, false);
+    const float inv = 1.f / s;
+    for (int64_t j = threadIdx.x; j < n; j += kThreads) yr[j * inner] = {exp}({load} - m) * inv;
+}}
+extern "C" int kforge_launch(const float* x, float* y, int64_t outer, int64_t n, int64_t inner,
+                             cudaStream_t stream) {{
+    softmax_kernel<<<(unsigned)(outer * inner), kThreads, 0, stream>>>(x, y, n, inner);
+    return (int)cudaGetLastError();
+}}
+"""
+
+
+def variants(backend: str, n: int) -> list[str]:
+    out = []
+    if backend == "cpu":
+        for k, (body, sched) in enumerate(itertools.product(CPU_BODIES, CPU_SCHEDS)):
+            out.append(CPU_TEMPLATE.format(tag=f"{k} {body} {sched}", sched=sched, body=CPU_BODIES[body]))
+    else:
+        for k, (threads, load, exp) in enumerate(itertools.product(
+                (64, 128, 256, 512, 1024), ("xr[j * inner]", "__ldg(xr + j * inner)"), ("expf", "__expf"))):
+            out.append(CUDA_TEMPLATE.format(tag=f"{k} t{threads} {exp}", threads=threads, load=load, exp=exp))
+    return out[:n]
+
+
+async def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--n", type=int, default=20)
+    ap.add_argument("--shape", default="4096,256" if torch.cuda.is_available() else "256,1024")
+    ap.add_argument("--compile-jobs", type=int, default=None)
+    args = ap.parse_args()
+    shape = tuple(int(s) for s in args.shape.split(","))
+    x = torch.randn(*shape)
+    task = catalogue.make_task("softmax", {"x": x}, {"dim": -1}, torch.softmax(x, -1), backend=args.backend)
+    srcs = variants(args.backend, args.n)
+    with tempfile.TemporaryDirectory() as tmp:
+        pool = EvaluatorPool(args.backend, cache_dir=Path(tmp) / "cache", compile_jobs=args.compile_jobs)
+        try:
+            t = time.perf_counter()
+            await pool.start()
+            b = await pool.baseline(task.to_json(), tmp)
+            warm = time.perf_counter() - t
+            print(f"pool start + baseline: {warm:.1f} s; eager {b.eager.median_us:.1f} us, floor "
+                  f"{b.floor_us:.2f} us; {len(srcs)} candidates, compile_jobs={pool.compile_jobs}")
+            lat = []
+
+            async def one(src):
+                t0 = time.perf_counter()
+                r = await pool.evaluate(task.to_json(), tmp, src)
+                lat.append(time.perf_counter() - t0)
+                return r
+
+            t = time.perf_counter()
+            results = await asyncio.gather(*(one(s) for s in srcs))
+            wall = time.perf_counter() - t
+        finally:
+            await pool.close()
+    ok = [r for r in results if r.ok]
+    for r in results:
+        if not r.ok:
+            print(f"  FAILED {r.status}: {r.message}")
+    per_min = len(results) / wall * 60
+    stages = ("static", "compile", "queue", "load", "verify", "time")
+    med = {s: statistics.median([r.stage_s.get(s, 0.0) for r in results]) for s in stages}
+    best = max((r.speedup or 0) for r in results)
+    print(f"{len(ok)}/{len(results)} ok in {wall:.1f} s: {per_min:.1f} candidates/min; latency median "
+          f"{statistics.median(lat):.2f} s (min {min(lat):.2f}); best speedup {best:.2f}x")
+    print("median s/stage: " + ", ".join(f"{s} {med[s]:.3f}" for s in stages))
+    print(f"| backend {args.backend} | shape {args.shape} | n {len(results)} | ok {len(ok)} | "
+          f"cand/min {per_min:.1f} | latency med {statistics.median(lat):.2f} s | compile med "
+          f"{med['compile']:.2f} s | verify med {med['verify']:.2f} s | time med {med['time']:.2f} s |")
+    return 0 if len(ok) == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,178 @@
+"""Kernel quality (issue 7): the best kernel each `kforge optimize` run found, against eager PyTorch,
+torch.compile, Liger-Kernel (where it has the op) and the memory-roofline floor.
+
+    python bench/kernel_quality.py RUN_DIR [RUN_DIR ...] [--json OUT]
+
+The best kernel is taken from each run's store (never re-derived) and evaluated again through
+the product's own sandbox (`EvaluatorPool`): verification plus side-by-side timing with eager in
+the same worker (CUDA events, L2 flushed, inputs rotated, median). torch.compile and the floor
+come from the pool's baseline; Liger is timed in this process with the same timing loop
+(sandbox/bench.py) on the same kind of input sets. Ratios are what to read: each row's times come
+from one process on one GPU within seconds of each other.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def liger_callable(task):
+    """A closure running Liger's kernel for this task, or None where Liger has no such op."""
+    try:
+        from liger_kernel.transformers import functional as LF
+    except Exception as e:  # not installed: the column says so
+        print(f"liger-kernel unavailable: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+    p = task.params
+    if task.op == "softmax" and p.get("dim") in (-1, len(task.shape) - 1) and task.output.dtype == task.dtype:
+        return lambda t: LF.liger_softmax(t["x"])
+    if task.op == "layer_norm" and t_has(task, "weight") and t_has(task, "bias"):
+        return lambda t: LF.liger_layer_norm(t["x"], t["weight"], t["bias"], p["eps"])
+    if task.op == "rms_norm" and t_has(task, "weight"):
+        mode = "gemma" if p.get("variant") == "gemma" else "llama"
+        off = 1.0 if p.get("variant") == "gemma" else 0.0
+        return lambda t: LF.liger_rms_norm(t["x"], t["weight"], p["eps"], offset=off, casting_mode=mode,
+                                           in_place=False)
+    if task.op == "group_norm" and t_has(task, "weight") and t_has(task, "bias"):
+        c = task.shape[1]
+        return lambda t: LF.liger_group_norm(t["x"], t["weight"], t["bias"], c, p["groups"], p["eps"])
+    if task.op == "silu_mul":
+        return lambda t: LF.liger_swiglu(t["a"], t["b"])
+    return None
+
+
+def t_has(task, name):
+    try:
+        return task.input(name).present
+    except KeyError:
+        return False
+
+
+def time_liger(task, run_dir, fn):
+    """Liger with the product's timing loop; its output is checked once against the reference."""
+    import torch
+
+    from kforge_tui.sandbox.backends.cuda import CudaBackend
+    from kforge_tui.sandbox.bench import time_calls
+    from kforge_tui.sandbox.verify import build_sets, tolerance
+    from kforge_tui.task import load_calls
+    from kforge_tui.workload import catalogue
+
+    be = CudaBackend(0)
+    with torch.inference_mode(), be.stream_context():
+        sets, _ = build_sets(task, load_calls(run_dir, task.task_id)[:1], 4, be.device, 7,
+                             lambda inp: catalogue.reference(task, inp), min_sets=4)
+        s0 = sets[0]
+        try:
+            got = fn(s0.tensors())
+            be.sync()
+        except Exception as e:
+            return None, f"refused: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
+        atol, rtol = tolerance(task.output.dtype)
+        ok = torch.allclose(got.float().reshape(s0.expected.shape), s0.expected.float(), atol=atol * 4,
+                            rtol=rtol * 4)
+        timing, _ = time_calls(be, lambda s: fn(s.tensors()), sets)
+    return timing.median_us, ("" if ok else "output differs beyond tolerance")
+
+
+async def evaluate_run(run_dir: str, rows: list, with_liger: bool) -> None:
+    from kforge_tui.engine import _cache_dir
+    from kforge_tui.sandbox.pool import EvaluatorPool
+    from kforge_tui.store import RunStore
+    from kforge_tui.task import Task
+
+    store = RunStore.open(run_dir, readonly=True)
+    pool = EvaluatorPool("cuda", cache_dir=_cache_dir())
+    await pool.start()
+    try:
+        for t in store.tasks():
+            task = Task.from_json(t["task"])
+            row = {"run": run_dir, "task": task.task_id, "op": task.op, "shape": task.shape,
+                   "dtype": task.dtype, "evaluated": t["evaluated"], "budget": t["budget"]}
+            rows.append(row)
+            base = await pool.baseline(task.to_json(), run_dir, with_compile=True)
+            row["eager_us"] = base.eager.median_us
+            row["compile_us"] = base.compiled.median_us if base.compiled else None
+            row["floor_us"], row["floor_note"] = base.floor_us, base.floor_note
+            if t["best_node"] is None:
+                row["best_us"], row["note"] = None, "no verified kernel in the run"
+            else:
+                src = store.node(t["best_node"])["source"]
+                res = await pool.evaluate(task.to_json(), run_dir, src)
+                if not res.ok:
+                    row["best_us"], row["note"] = None, f"best kernel failed re-evaluation: {res.message}"
+                else:
+                    row["best_us"] = res.timing.median_us
+                    row["spread"] = res.timing.spread
+                    row["eager_side_by_side_us"] = res.baseline.median_us
+                    row["speedup"] = res.speedup
+            if with_liger:
+                fn = liger_callable(task)
+                if fn is None:
+                    row["liger_us"], row["liger_note"] = None, "no such op"
+                else:
+                    row["liger_us"], row["liger_note"] = await asyncio.to_thread(time_liger, task, run_dir, fn)
+    finally:
+        await pool.close()
+        store.close()
+
+
+def _x(a, b):
+    return f"{a / b:6.2f}×" if (a and b) else "     —"
+
+
+def render(rows: list) -> str:
+    head = (f"{'op':<19} {'shape':<20} {'dtype':<8} {'floor µs':>9} {'best µs':>9} {'×eager':>7} "
+            f"{'×compile':>8} {'×liger':>7} {'÷floor':>7}  beats all")
+    out = [head, "-" * len(head)]
+    wins, logs = 0, []
+    for r in rows:
+        best = r.get("best_us")
+        eager_ref = r.get("eager_side_by_side_us") or r.get("eager_us")
+        beats = bool(best) and best < (r.get("eager_us") or 0) and best < (r.get("compile_us") or math.inf) \
+            and best < (r.get("liger_us") or math.inf)
+        wins += beats
+        if best and eager_ref:
+            logs.append(math.log(eager_ref / best))
+        shape = "x".join(str(s) for s in r["shape"])
+        floor_mark = "*" if "twice" in (r.get("floor_note") or "") else " "
+        out.append(f"{r['op']:<19} {shape:<20} {r['dtype']:<8} {(r.get('floor_us') or 0):8.1f}{floor_mark} "
+                   f"{(best or 0):9.1f} {_x(eager_ref, best):>7} {_x(r.get('compile_us'), best):>8} "
+                   f"{_x(r.get('liger_us'), best):>7} {_x(best, r.get('floor_us')):>7}  "
+                   f"{'yes' if beats else 'no'} {r.get('note', '')}{' liger: ' + r['liger_note'] if r.get('liger_note') else ''}")
+    gm = math.exp(sum(logs) / len(logs)) if logs else 0.0
+    out.append("* floor counts the input read twice (group larger than L2)")
+    out.append(f"geomean speedup over eager {gm:.2f}× over {len(logs)} cases; {wins}/{len(rows)} beat eager, "
+               f"torch.compile and Liger")
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dirs", nargs="+")
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--no-liger", action="store_true")
+    args = ap.parse_args()
+    rows: list = []
+    t0 = time.time()
+    for rd in args.run_dirs:
+        asyncio.run(evaluate_run(rd, rows, not args.no_liger))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+    print(f"# kernel quality, {time.strftime('%Y-%m-%d')}, {len(rows)} cases, {time.time() - t0:.0f} s")
+    print(render(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""The built-in, offline proposer: MCTS moves through the parameter spaces of the kernel families.
+
+Moves (the action label is what the tree shows):
+  root     "family:<name>"       start a family at its default point (one child per family);
+                                 once a default is taken, its nearest untried neighbour.
+  improve  "set:<param>=<value>"  change one parameter of the parent to a neighbouring value
+           "family:<name>"       switch family, carrying over the parameters both share
+  repair   "repair:<param>=<v>"  a smaller threads / vec / warps / ... (the usual causes of
+                                 register spills, launch failures and misaligned packs)
+           "repair:default"      back to the family's default point
+Never a parameter point already in ctx.tried; `can_expand` is False when none is left.
+
+Which move is taken is a weighted random draw seeded from ctx.seed and the node, so the search
+explores; the weights are priors from GPU reasoning that look only at the task's sizes (wider
+loads when a pack is under 16 bytes, more blocks when the grid underfills the SMs, warp per row
+for short rows, split rows when rows are few and long). No benchmark shape is special-cased:
+what wins is decided by the measurements MCTS backs up.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+
+from kforge_tui.search.families import Family, families_for
+from kforge_tui.search.families._common import ELEM_BYTES
+from kforge_tui.search.proposers.base import Proposal, ProposalContext
+from kforge_tui.task import Task
+from kforge_tui.workload import catalogue
+
+SHRINK = ("threads", "vec", "warps", "lanes", "channels", "unroll", "chunks", "splits")
+
+
+@dataclass(frozen=True)
+class Move:
+    action: str
+    family: Family
+    params: dict
+    prior: float
+
+    @property
+    def full(self) -> dict:
+        return {"family": self.family.name, **self.params}
+
+
+def _key(params: dict) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+def _shape(task: Task) -> tuple[int, int]:
+    """(independent rows, elements per row) — what grid-fill priors reason about."""
+    s = catalogue.scalar_args(task)
+    op = task.op
+    if op in ("softmax", "log_softmax"):
+        return s["outer"] * s["inner"], s["n"]
+    if op == "group_norm":
+        return s["N"] * s["G"], s["C"] // max(1, s["G"]) * s["HxW"]
+    if op == "adaptive_avg_pool2d":
+        return s["NC"], s["H"] * s["W"]
+    if op == "silu_mul":
+        return s["rows"], s["cols"]
+    if op in ("layer_norm", "rms_norm"):
+        return s["rows"], s["n"]
+    return 1, s.get("numel", 1)
+
+
+class BuiltinProposer:
+    """Implements the `Proposer` protocol of search/proposers/base.py with no network."""
+
+    name = "builtin"
+
+    def __init__(self, families=families_for):
+        self._families = families
+
+    # ------------------------------------------------------------------ protocol
+    async def propose(self, ctx: ProposalContext) -> Proposal:
+        try:
+            task = Task.from_json(ctx.task)
+            moves = self.moves(ctx, task)
+        except Exception as e:  # a malformed context is a failed proposal, not a crash
+            return Proposal(None, "builtin:error", self.name, error=f"builtin proposer: {e}")
+        if not moves:
+            return Proposal(None, "exhausted", self.name, exhausted=True,
+                            error="no untried parameter point is reachable from this node")
+        rng = random.Random(f"{ctx.seed}:{ctx.parent.node_id}:{len(ctx.siblings)}:{len(ctx.tried)}")
+        mv = rng.choices(moves, weights=[m.prior for m in moves], k=1)[0]
+        try:
+            src = mv.family.render(task, mv.params)
+        except Exception as e:
+            return Proposal(None, mv.action, self.name, params=mv.full, error=f"render failed: {e}")
+        return Proposal(src, mv.action, self.name, params=mv.full,
+                        exhausted=len(moves) == 1)
+
+    def can_expand(self, ctx: ProposalContext) -> bool:
+        try:
+            return bool(self.moves(ctx, Task.from_json(ctx.task)))
+        except Exception:
+            return False
+
+    # ------------------------------------------------------------------ moves
+    def moves(self, ctx: ProposalContext, task: Task) -> list[Move]:
+        fams = self._families(task)
+        if not fams:
+            return []
+        seen = {_key(p) for p in ctx.tried if p}
+        seen |= {_key(n.params) for n in ctx.siblings if n.params}
+        pp = dict(ctx.parent.params or {})
+        parent_fam = next((f for f in fams if f.name == pp.get("family")), None)
+        if parent_fam is not None:
+            seen.add(_key(pp))
+        if ctx.mode == "root" or parent_fam is None:
+            out = self._root_moves(task, fams, seen, ctx)
+        elif ctx.mode == "repair":
+            out = self._repair_moves(task, fams, parent_fam, pp, seen, ctx)
+        else:
+            out = self._improve_moves(task, fams, parent_fam, pp, seen, ctx)
+        # one move per distinct parameter point (two labels may reach the same point)
+        uniq: dict[str, Move] = {}
+        for m in out:
+            k = _key(m.full)
+            if k not in seen and (k not in uniq or uniq[k].prior < m.prior):
+                uniq[k] = m
+        return list(uniq.values())
+
+    def _root_moves(self, task, fams, seen, ctx) -> list[Move]:
+        out = []
+        for f in fams:
+            d = f.default(task)
+            if _key({"family": f.name, **d}) not in seen:
+                out.append(Move(f"family:{f.name}", f, d, self._family_prior(task, f, ctx)))
+                continue
+            for k, v, q in self._neighbours(task, f, d):
+                if _key({"family": f.name, **q}) not in seen:
+                    out.append(Move(f"family:{f.name}", f, q, 0.5 * self._family_prior(task, f, ctx)))
+                    break
+        return out
+
+    def _improve_moves(self, task, fams, fam, pp, seen, ctx) -> list[Move]:
+        cur = {k: pp[k] for k in fam.space if k in pp}
+        if not fam.valid(task, cur):
+            cur = fam.default(task)
+        out = [Move(f"set:{k}={v}", fam, q, self._set_prior(task, fam, cur, k, v, ctx))
+               for k, v, q in self._neighbours(task, fam, cur)]
+        for other in fams:
+            if other.name == fam.name:
+                continue
+            q = other.default(task)
+            for k in other.space:
+                if k in cur and cur[k] != q[k]:
+                    trial = {**q, k: cur[k]}
+                    if other.valid(task, trial):
+                        q = trial
+            out.append(Move(f"family:{other.name}", other, q, self._family_prior(task, other, ctx)))
+        return out
+
+    def _repair_moves(self, task, fams, fam, pp, seen, ctx) -> list[Move]:
+        cur = {k: pp[k] for k in fam.space if k in pp}
+        out = []
+        if fam.valid(task, cur):
+            for k in SHRINK:
+                if k not in fam.space or cur[k] not in fam.space[k]:
+                    continue
+                i = fam.space[k].index(cur[k])
+                for j in range(i - 1, -1, -1):
+                    q = {**cur, k: fam.space[k][j]}
+                    if fam.valid(task, q):
+                        out.append(Move(f"repair:{k}={q[k]}", fam, q, 2.0))
+                        break
+        out.append(Move("repair:default", fam, fam.default(task), 3.0))
+        for other in fams:
+            if other.name != fam.name:
+                out.append(Move(f"family:{other.name}", other, other.default(task), 0.5))
+        return out
+
+    @staticmethod
+    def _neighbours(task, fam: Family, cur: dict):
+        """(param, value, params) one step up or down each axis; skips over invalid values once."""
+        for k, vals in fam.space.items():
+            if cur.get(k) not in vals:
+                continue
+            i = vals.index(cur[k])
+            for step in (1, -1):
+                for j in (i + step, i + 2 * step):
+                    if 0 <= j < len(vals):
+                        q = {**cur, k: vals[j]}
+                        if fam.valid(task, q):
+                            yield k, vals[j], q
+                            break
+
+    # ------------------------------------------------------------------ priors
+    @staticmethod
+    def _sms(task: Task, ctx) -> int:
+        sms = int((ctx.device or {}).get("sms") or 0)
+        return sms or (132 if task.backend == "cuda" else 2)
+
+    def _family_prior(self, task: Task, fam: Family, ctx) -> float:
+        rows, n = _shape(task)
+        sms = self._sms(task, ctx)
+        if fam.name == "warp_row" and n <= 1024:
+            return 3.0
+        if fam.name == "split_row" and rows < sms and n >= 16384:
+            return 3.0
+        if fam.name == "two_phase" and rows < 2 * sms:
+            return 3.0
+        if fam.name == "global_tile":
+            return 2.0
+        return 1.0
+
+    def _set_prior(self, task: Task, fam: Family, cur: dict, k: str, v, ctx) -> float:
+        rows, n = _shape(task)
+        sms = self._sms(task, ctx)
+        up = fam.space[k].index(v) > fam.space[k].index(cur[k])
+        eb = ELEM_BYTES.get(task.dtype, 4)
+        if k == "vec":
+            return 3.0 if up and cur[k] * eb < 16 else (0.4 if up else 0.7)
+        if k in ("chunks", "splits"):
+            blocks = rows * cur[k]
+            if blocks < 2 * sms:
+                return 2.5 if up else 0.4
+            return 0.6 if up else 1.5 if blocks > 16 * sms else 1.0
+        if k == "warps":
+            per_block = cur[k] * 32 // max(1, cur.get("lanes", 32))
+            if rows / per_block < 2 * sms:
+                return 0.4 if up else 2.5
+            return 1.0
+        if k == "cache":
+            return 2.0 if v == "regs" else 0.5
+        if k == "mode":
+            return 1.5 if v == "online" else 0.7
+        return 1.0
