@@ -40,6 +40,7 @@ class StoreFollower:
         self._have_profile = False
         self._tasks: dict[str, dict] = {}  # last seen task rows
         self._nodes: dict[int, str] = {}  # node id -> last status seen
+        self._actions: dict[int, str] = {}  # node id -> last action seen
         self._llm = {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
 
     def close(self) -> None:
@@ -109,9 +110,11 @@ class StoreFollower:
     def _node_events(self, row: dict, out: list) -> None:
         nid = row["id"]
         status = row.get("status") or "pending"
-        if nid not in self._nodes:
+        action = row.get("action", "")
+        if nid not in self._nodes or self._actions.get(nid) != action:  # reserved as "proposing", then named
+            self._actions[nid] = action
             out.append(ev.NodeAdded(task_id=row["task_id"], node_id=nid, parent_id=row.get("parent_id"),
-                                    action=row.get("action", ""), proposer=row.get("proposer") or "",
+                                    action=action, proposer=row.get("proposer") or "",
                                     ts=_ts(row.get("created"))))
         if row.get("action") == "root":
             self._nodes[nid] = status

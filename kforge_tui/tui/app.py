@@ -501,10 +501,15 @@ def run_follow(run_dir, *, theme: str | None = None) -> int:
     return int(rc or 0)
 
 
-def run_live(settings, *, theme: str | None = None) -> int:
-    """`kforge optimize` without --headless: the engine runs on the app's loop and feeds it events."""
+def live_app(settings, *, theme: str | None = None) -> KforgeApp:
+    """The app `run_live` runs, with the engine attached; split out so tests drive the same path.
+
+    The engine is told to keep serving after the budget is spent (`serve`): in the live TUI a
+    person edits and submits kernels, or asks for repairs, after the search ended; quitting stops it.
+    """
     from kforge_tui.engine import Engine
 
+    settings.serve = True
     app: KforgeApp
 
     async def runner(sink):
@@ -513,5 +518,15 @@ def run_live(settings, *, theme: str | None = None) -> int:
         return await engine.run()
 
     app = KforgeApp(control=None, run_dir=getattr(settings, "run_dir", None), theme=theme, engine_runner=runner)
-    rc = app.run()
+    return app
+
+
+def run_live(settings, *, theme: str | None = None, resume: bool = False) -> int:
+    """`kforge optimize` / `kforge resume` without --headless: the engine runs on the app's loop.
+
+    `resume` only confirms what `settings_for_resume` already set (the CLI passes it).
+    """
+    if resume:
+        settings.resume = True
+    rc = live_app(settings, theme=theme).run()
     return int(rc or 0)

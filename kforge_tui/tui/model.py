@@ -173,7 +173,11 @@ class RunModel:
             d.tasks.add(e.task_id)
 
     def _on_NodeAdded(self, e: ev.NodeAdded, d: Dirty) -> None:
-        if e.node_id in self.nodes:
+        known = self.nodes.get(e.node_id)
+        if known is not None:  # sent again once the proposal names its action (reserved as "proposing")
+            if (known.action, known.proposer) != (e.action, e.proposer):
+                known.action, known.proposer = e.action, e.proposer
+                d.nodes.add(e.node_id)
             return
         root = e.action == "root"
         n = NodeState(e.node_id, e.task_id, e.parent_id, e.action, e.proposer,

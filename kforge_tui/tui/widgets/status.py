@@ -23,7 +23,8 @@ class StatusBar(Static):
         t.append(m.device_name or m.device or "?")
         t.append(f" [{m.device}]" if m.device else "")
         t.append("  proposer ")
-        t.append(m.proposer or "?", style="bold")
+        # the built-in proposer calls itself "builtin" in the store; the header says it in words
+        t.append({"builtin": "built-in"}.get(m.proposer, m.proposer) or "?", style="bold")
         t.append("\n")
         state = "finished" if m.finished else (m.phase or "starting")
         t.append(f"{state:<9}", style="bold" if m.running else "")
