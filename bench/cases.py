@@ -119,3 +119,25 @@ CASES = {
     "rms_norm_bf16": "rms_norm",
     "silu_mul_bf16": "silu_mul",
 }
+
+
+class Zoo(nn.Module):
+    """Every case in one model, each op on its own input: one `kforge optimize` run searches all
+    of them concurrently (one GPU worker, compiles spread over the host's cores)."""
+
+    def __init__(self):
+        super().__init__()
+        self.parts = nn.ModuleDict()
+        self.example = {}
+        for name in CASES:
+            model, (x,) = globals()[name]()
+            self.parts[name] = model
+            self.example[name] = x
+
+    def forward(self, **xs):
+        return {name: self.parts[name](x) for name, x in xs.items()}
+
+
+def zoo():
+    m = Zoo()
+    return m, dict(m.example)

@@ -6,7 +6,8 @@ torch.compile, Liger-Kernel (where it has the op) and the memory-roofline floor.
 The best kernel is taken from each run's store (never re-derived) and evaluated again through
 the product's own sandbox (`EvaluatorPool`): verification plus side-by-side timing with eager in
 the same worker (CUDA events, L2 flushed, inputs rotated, median). torch.compile and the floor
-come from the pool's baseline; Liger is timed in this process with the same timing loop
+come from the run's stored baseline (timed by the run's worker the same way; timed now if the run
+skipped torch.compile); Liger is timed in this process with the same timing loop
 (sandbox/bench.py) on the same kind of input sets. Ratios are what to read: each row's times come
 from one process on one GPU within seconds of each other.
 """
@@ -99,10 +100,16 @@ async def evaluate_run(run_dir: str, rows: list, with_liger: bool) -> None:
             row = {"run": run_dir, "task": task.task_id, "op": task.op, "shape": task.shape,
                    "dtype": task.dtype, "evaluated": t["evaluated"], "budget": t["budget"]}
             rows.append(row)
-            base = await pool.baseline(task.to_json(), run_dir, with_compile=True)
-            row["eager_us"] = base.eager.median_us
-            row["compile_us"] = base.compiled.median_us if base.compiled else None
-            row["floor_us"], row["floor_note"] = base.floor_us, base.floor_note
+            base = t.get("baseline") or {}
+            if not (base.get("compiled") or {}).get("median_us"):
+                # the run did not time torch.compile: do it now, in the pool's worker
+                b = await pool.baseline(task.to_json(), run_dir, with_compile=True)
+                base = {"eager": {"median_us": b.eager.median_us},
+                        "compiled": {"median_us": b.compiled.median_us} if b.compiled else None,
+                        "floor_us": b.floor_us, "floor_note": b.floor_note}
+            row["eager_us"] = (base.get("eager") or {}).get("median_us")
+            row["compile_us"] = (base.get("compiled") or {}).get("median_us")
+            row["floor_us"], row["floor_note"] = base.get("floor_us"), base.get("floor_note", "")
             if t["best_node"] is None:
                 row["best_us"], row["note"] = None, "no verified kernel in the run"
             else:

@@ -219,6 +219,20 @@ constexpr int64_t kValue = grind();
 extern "C" int kforge_launch() { return (int)(kValue & 1); }
 """
 
+SLOW_CU = """#include <cuda_runtime.h>
+#include <stdint.h>
+__global__ void grind(float* y) {
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 400000; ++i) s = s * 1.0001f + __sinf(s + (float)i);
+    y[threadIdx.x] = s;
+}
+extern "C" int kforge_launch(float* y, cudaStream_t stream) {
+    grind<<<1, 32, 0, stream>>>(y);
+    return (int)cudaGetLastError();
+}
+"""
+
 
 def test_timeout_kills_the_compiler_process_group(tmp_path):
     t0 = time.perf_counter()
@@ -307,8 +321,9 @@ def test_cuda_compile_error_gives_error_line(tmp_path):
 @needs_nvcc
 @pytest.mark.slow
 async def test_cuda_timeout_kills_nvcc_and_its_children(tmp_path):
-    r = await compile_candidate(SLOW_CPP.replace("#include <stdint.h>", "#include <cuda_runtime.h>\n#include <stdint.h>"),
-                                "cuda", CUDA_ARCH, tmp_path, timeout_s=2.0)
+    # nvcc's front end gives up on the constexpr grind of SLOW_CPP quickly ("expression must have
+    # a constant value"), so for nvcc the slow part is a huge fully unrolled device loop instead
+    r = await compile_candidate(SLOW_CU, "cuda", CUDA_ARCH, tmp_path, timeout_s=2.0)
     assert r.timed_out and not r.ok
     deadline = time.time() + 5
     while not _no_process_mentions(str(tmp_path)) and time.time() < deadline:

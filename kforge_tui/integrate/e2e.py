@@ -185,6 +185,21 @@ def check_end_to_end(loaded, run_dir, *, fresh_inputs: int = 1, iters: int = 20,
         label = "example inputs" if i == 0 else f"fresh inputs {i}"
         cmp["notes"] += [f"{label}: {n}" for n in c["notes"]]
 
+    if not cmp["within_tolerance"]:
+        # A fixed element-wise tolerance is too strict for deep models: rounding differences of a
+        # few ulps in one op grow through the layers after it. The fair question is whether the
+        # patched model is as close to the exact answer as the original: compare both against a
+        # higher-precision run of the original model on the same inputs (MoE routing, for one,
+        # flips on ulp differences, in eager as much as in the patched model).
+        f64 = float64_judgement(model, sets[0], ref[0], got[0])
+        cmp["float64_check"] = f64
+        if f64.get("verdict") == "as accurate":
+            cmp["within_tolerance"] = True
+            cmp["notes"].append(f"accepted: against a float64 run, patched error {f64['patched_err']:.3g} "
+                                f"<= {F64_FACTOR:g} x eager's own error {f64['eager_err']:.3g}")
+        else:
+            cmp["notes"].append(f"float64 check: {f64.get('verdict')}")
+
     eager, patched = _time_interleaved(model, inputs, runtime, device_type, iters, warmup)
     eager_ms, patched_ms = statistics.median(eager), statistics.median(patched)
     kernels = [{"task_id": s["task_id"], "op": s["op"], "shape": s["shape"], "dtype": s["dtype"],
@@ -196,6 +211,62 @@ def check_end_to_end(loaded, run_dir, *, fresh_inputs: int = 1, iters: int = 20,
                 fallbacks=fallbacks, inputs_checked=len(sets), iters=iters,
                 method=(f"wall clock{' with cuda sync' if device_type == 'cuda' else ''}, {warmup} "
                         f"warm-up, eager/patched alternated, median of {iters}"))
+
+
+F64_FACTOR = 2.0  # patched may be at most this many times further from float64 than eager is
+
+
+def float64_judgement(model, inputs, ref, got) -> dict:
+    """Max abs error of eager and of patched outputs against the original model run in higher
+    precision (float64; float32 first for bfloat16/float16 models).
+
+    "as accurate" when patched_err <= F64_FACTOR * eager_err (+ a tiny absolute floor for exact
+    models). Runs a float64 copy of the model (unpatched); a model that cannot run in float64
+    (dtype-specific code, memory) gives verdict "float64 run failed: ..." and the strict verdict stands.
+    """
+    import copy
+
+    import torch
+
+    # The more precise twin: float64 for float32 models; float32 first for half-precision ones
+    # (three orders of magnitude finer, and kernels such as grouped_mm have no float64 path).
+    half = any(t.dtype in (torch.float16, torch.bfloat16) for _, t in ref)
+    ref64, errors = None, []
+    for dt in ((torch.float32, torch.float64) if half else (torch.float64,)):
+        try:
+            m64 = copy.deepcopy(model).to(dt)
+            inp64 = _to_dtype(inputs, dt)
+            with torch.inference_mode():
+                out = m64(**inp64) if isinstance(inp64, dict) else m64(*inp64)
+            ref64 = [t for _, t in _tensors(out)]
+            del m64
+            break
+        except Exception as e:  # noqa: BLE001 - any failure leaves the strict verdict in place
+            errors.append(f"{str(dt).replace('torch.', '')}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+    if ref64 is None:
+        return {"verdict": "float64 run failed: " + "; ".join(errors)}
+    eager_err = patched_err = 0.0
+    for (_, r), (_, g), t in zip(ref, got, ref64):
+        if not r.is_floating_point():
+            continue
+        t = t.to(torch.float64)
+        ok = torch.isfinite(t) & torch.isfinite(r.double()) & torch.isfinite(g.double())
+        eager_err = max(eager_err, float((r.double() - t).abs()[ok].max()) if ok.any() else 0.0)
+        patched_err = max(patched_err, float((g.double() - t).abs()[ok].max()) if ok.any() else 0.0)
+    verdict = "as accurate" if patched_err <= F64_FACTOR * eager_err + 1e-12 else "less accurate than eager"
+    return {"verdict": verdict, "eager_err": eager_err, "patched_err": patched_err}
+
+
+def _to_dtype(x, dt):
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.to(dt) if x.is_floating_point() else x
+    if isinstance(x, dict):
+        return {k: _to_dtype(v, dt) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_dtype(v, dt) for v in x)
+    return x
 
 
 def _spread(xs: list[float]) -> float:

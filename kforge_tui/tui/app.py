@@ -373,7 +373,7 @@ class KforgeApp(App):
                 self._call(f"submitted hand-written child of #{parent}", self.control.submit_source,
                            tid, parent, source)
 
-        self.push_screen(EditorScreen(row["source"], f"editing #{parent} — ctrl+s submits a hand-written child, "
+        self.push_screen(EditorScreen(row["source"], f"editing #{parent} — ctrl+s submits a hand-written child, f7 selects all, "
                                       "esc cancels", self.model.device or None), done)
 
     def action_repair(self) -> None:

@@ -129,12 +129,14 @@ inline float kf_in(TI v) { return @CONV_IN@; }
 inline TO kf_out(float v) { return @CONV_OUT@; }
 inline TI kf_round(float v) { return @CONV_ROUND@; }
 
-// exp as plain arithmetic (Cephes range reduction + degree-6 polynomial, ~1 ulp) so that
-// `omp simd` loops vectorise it; libm expf is a call the compiler will not vectorise.
+// exp as plain arithmetic: Cephes range reduction + degree-6 polynomial (<= 2 ulp), result
+// scaled by 2^k in two steps so underflow to subnormals/0 and overflow to inf match expf; NaN
+// propagates (the clamps are written so NaN passes through). The same steps as kf_vexp below,
+// which is what the hot loops use: g++ 12 does not vectorise this scalar form on its own.
 inline float kf_exp(float x) {
-  x = x < -87.33654f ? -87.33654f : x;
-  x = x > 88.0f ? 88.0f : x;
-  float k = floorf(x * 1.44269504088896341f + 0.5f);
+  x = x < -104.0f ? -104.0f : x;
+  x = x > 89.0f ? 89.0f : x;
+  float k = nearbyintf(x * 1.44269504088896341f);
   float r = x - k * 0.693359375f;
   r = r + k * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -144,12 +146,190 @@ inline float kf_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   float e = p * r * r + r + 1.0f;
-  uint32_t bits = (uint32_t)((int32_t)k + 127) << 23;
-  float sc; memcpy(&sc, &bits, 4);
-  return e * sc;
+  int32_t ki = (int32_t)k, k1 = ki >> 1, k2 = ki - k1;
+  uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
+  float s1, s2; memcpy(&s1, &b1, 4); memcpy(&s2, &b2, 4);
+  return e * s1 * s2;
 }
 inline float kf_exp_libm(float x) { return expf(x); }
 """
+
+_CPU_SIMD = r"""
+// ---- explicit SIMD (why: g++ 12 leaves the polynomial exp and the half/bf16 conversions
+// scalar, "no vectype for stmt"). kf_v holds KF_W floats: AVX-512 (16), AVX2+FMA (8) or a
+// plain float (1), chosen by what -march=native enables. Loops run whole vectors and finish
+// the tail with the scalar helpers above, which compute the same functions.
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define KF_W 16
+typedef __m512 kf_v;
+inline kf_v kf_vset(float a) { return _mm512_set1_ps(a); }
+inline kf_v kf_vadd(kf_v a, kf_v b) { return _mm512_add_ps(a, b); }
+inline kf_v kf_vsub(kf_v a, kf_v b) { return _mm512_sub_ps(a, b); }
+inline kf_v kf_vmul(kf_v a, kf_v b) { return _mm512_mul_ps(a, b); }
+inline kf_v kf_vdiv(kf_v a, kf_v b) { return _mm512_div_ps(a, b); }
+inline kf_v kf_vfma(kf_v a, kf_v b, kf_v c) { return _mm512_fmadd_ps(a, b, c); }
+inline kf_v kf_vmax(kf_v a, kf_v b) { return _mm512_max_ps(a, b); }  // b if either is NaN
+inline kf_v kf_vmin(kf_v a, kf_v b) { return _mm512_min_ps(a, b); }
+inline kf_v kf_vabs(kf_v a) { return _mm512_abs_ps(a); }
+inline kf_v kf_vcopysign(kf_v mag, kf_v sgn) {
+  const __m512i m = _mm512_set1_epi32(0x80000000);
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_andnot_si512(m, _mm512_castps_si512(mag)),
+                                             _mm512_and_si512(m, _mm512_castps_si512(sgn))));
+}
+inline kf_v kf_vrelu(kf_v a) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_LT_OQ), a, _mm512_setzero_ps()); }
+inline float kf_vsum(kf_v a) { return _mm512_reduce_add_ps(a); }
+inline float kf_vhmax(kf_v a) { return _mm512_reduce_max_ps(a); }
+inline kf_v kf_vround_nearest(kf_v a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline kf_v kf_vexp2i(kf_v e, kf_v k) { return _mm512_scalef_ps(e, k); }  // e * 2^k, one rounding
+inline kf_v kf_vld_f32(const float* p) { return _mm512_loadu_ps(p); }
+inline void kf_vst_f32(float* p, kf_v v) { _mm512_storeu_ps(p, v); }
+inline kf_v kf_vld_bf16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+inline void kf_vst_bf16(uint16_t* p, kf_v v) {
+  const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1))));
+  r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_srli_epi32(r, 16),
+                              _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+  _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(r));
+}
+inline kf_v kf_vld_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+inline void kf_vst_f16(uint16_t* p, kf_v v) {
+  _mm256_storeu_si256((__m256i*)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define KF_W 8
+typedef __m256 kf_v;
+inline kf_v kf_vset(float a) { return _mm256_set1_ps(a); }
+inline kf_v kf_vadd(kf_v a, kf_v b) { return _mm256_add_ps(a, b); }
+inline kf_v kf_vsub(kf_v a, kf_v b) { return _mm256_sub_ps(a, b); }
+inline kf_v kf_vmul(kf_v a, kf_v b) { return _mm256_mul_ps(a, b); }
+inline kf_v kf_vdiv(kf_v a, kf_v b) { return _mm256_div_ps(a, b); }
+inline kf_v kf_vfma(kf_v a, kf_v b, kf_v c) { return _mm256_fmadd_ps(a, b, c); }
+inline kf_v kf_vmax(kf_v a, kf_v b) { return _mm256_max_ps(a, b); }
+inline kf_v kf_vmin(kf_v a, kf_v b) { return _mm256_min_ps(a, b); }
+inline kf_v kf_vabs(kf_v a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+inline kf_v kf_vcopysign(kf_v mag, kf_v sgn) {
+  const kf_v m = _mm256_set1_ps(-0.0f);
+  return _mm256_or_ps(_mm256_andnot_ps(m, mag), _mm256_and_ps(m, sgn));
+}
+inline kf_v kf_vrelu(kf_v a) { return _mm256_blendv_ps(a, _mm256_setzero_ps(), _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_LT_OQ)); }
+inline float kf_vsum(kf_v a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline float kf_vhmax(kf_v a) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline kf_v kf_vround_nearest(kf_v a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline kf_v kf_vexp2i(kf_v e, kf_v k) {  // e * 2^k for k in [-150, 128]: two normal scale factors
+  const __m256i ki = _mm256_cvtps_epi32(k), k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
+  const __m256i b = _mm256_set1_epi32(127);
+  const kf_v s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, b), 23));
+  const kf_v s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, b), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(e, s1), s2);
+}
+inline kf_v kf_vld_f32(const float* p) { return _mm256_loadu_ps(p); }
+inline void kf_vst_f32(float* p, kf_v v) { _mm256_storeu_ps(p, v); }
+inline kf_v kf_vld_bf16(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+inline void kf_vst_bf16(uint16_t* p, kf_v v) {
+  const __m256i u = _mm256_castps_si256(v), hi = _mm256_srli_epi32(u, 16);
+  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1))));
+  r = _mm256_srli_epi32(r, 16);
+  const __m256i q = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+  r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  r = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  _mm_storeu_si128((__m128i*)p, _mm256_castsi256_si128(r));
+}
+inline kf_v kf_vld_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+inline void kf_vst_f16(uint16_t* p, kf_v v) {
+  _mm_storeu_si128((__m128i*)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+#else
+#define KF_W 1
+typedef float kf_v;
+inline kf_v kf_vset(float a) { return a; }
+inline kf_v kf_vadd(kf_v a, kf_v b) { return a + b; }
+inline kf_v kf_vsub(kf_v a, kf_v b) { return a - b; }
+inline kf_v kf_vmul(kf_v a, kf_v b) { return a * b; }
+inline kf_v kf_vdiv(kf_v a, kf_v b) { return a / b; }
+inline kf_v kf_vfma(kf_v a, kf_v b, kf_v c) { return a * b + c; }
+inline kf_v kf_vmax(kf_v a, kf_v b) { return a > b ? a : b; }  // b if either is NaN, as maxps
+inline kf_v kf_vmin(kf_v a, kf_v b) { return a < b ? a : b; }
+inline kf_v kf_vabs(kf_v a) { return fabsf(a); }
+inline kf_v kf_vcopysign(kf_v mag, kf_v sgn) { return copysignf(mag, sgn); }
+inline kf_v kf_vrelu(kf_v a) { return a < 0.f ? 0.f : a; }
+inline float kf_vsum(kf_v a) { return a; }
+inline float kf_vhmax(kf_v a) { return a; }
+inline kf_v kf_vround_nearest(kf_v a) { return nearbyintf(a); }
+inline kf_v kf_vexp2i(kf_v e, kf_v k) {
+  int32_t ki = (int32_t)k, k1 = ki >> 1, k2 = ki - k1;
+  uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
+  float s1, s2; memcpy(&s1, &b1, 4); memcpy(&s2, &b2, 4);
+  return e * s1 * s2;
+}
+inline kf_v kf_vld_f32(const float* p) { return *p; }
+inline void kf_vst_f32(float* p, kf_v v) { *p = v; }
+inline kf_v kf_vld_bf16(const uint16_t* p) { return kf_bf2f(*p); }
+inline void kf_vst_bf16(uint16_t* p, kf_v v) { *p = kf_f2bf(v); }
+inline kf_v kf_vld_f16(const uint16_t* p) { return kf_h2f(*p); }
+inline void kf_vst_f16(uint16_t* p, kf_v v) { *p = kf_f2h(v); }
+#endif
+
+// Same reduction and polynomial as kf_exp; the clamps take NaN through (max/min return their
+// second operand when either is NaN), -inf becomes exp(-104) = 0 and +inf becomes inf.
+inline kf_v kf_vexp(kf_v x) {
+  x = kf_vmax(kf_vset(-104.0f), x);
+  x = kf_vmin(kf_vset(89.0f), x);
+  const kf_v k = kf_vround_nearest(kf_vmul(x, kf_vset(1.44269504088896341f)));
+  kf_v r = kf_vfma(k, kf_vset(-0.693359375f), x);
+  r = kf_vfma(k, kf_vset(2.12194440e-4f), r);
+  kf_v p = kf_vset(1.9875691500e-4f);
+  p = kf_vfma(p, r, kf_vset(1.3981999507e-3f));
+  p = kf_vfma(p, r, kf_vset(8.3334519073e-3f));
+  p = kf_vfma(p, r, kf_vset(4.1665795894e-2f));
+  p = kf_vfma(p, r, kf_vset(1.6666665459e-1f));
+  p = kf_vfma(p, r, kf_vset(5.0000001201e-1f));
+  const kf_v e = kf_vadd(kf_vfma(kf_vmul(p, r), r, r), kf_vset(1.0f));
+  return kf_vexp2i(e, k);
+}
+// erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), the formula ATen's own vectorised
+// CPU erf uses, so exact gelu agrees with eager to rounding.
+inline kf_v kf_verf(kf_v x) {
+  const kf_v a = kf_vabs(x);
+  const kf_v t = kf_vdiv(kf_vset(1.0f), kf_vfma(kf_vset(0.3275911f), a, kf_vset(1.0f)));
+  kf_v p = kf_vset(1.061405429f);
+  p = kf_vfma(p, t, kf_vset(-1.453152027f));
+  p = kf_vfma(p, t, kf_vset(1.421413741f));
+  p = kf_vfma(p, t, kf_vset(-0.284496736f));
+  p = kf_vfma(p, t, kf_vset(0.254829592f));
+  p = kf_vmul(p, t);
+  const kf_v ex = kf_vexp(kf_vsub(kf_vset(0.0f), kf_vmul(a, a)));
+  return kf_vcopysign(kf_vsub(kf_vset(1.0f), kf_vmul(p, ex)), x);
+}
+inline kf_v kf_vin(const TI* p) { return @VIN@(p); }
+inline void kf_vout(TO* p, kf_v v) { @VOUT@(p, v); }
+// Round to the input dtype and back (what a two-op PyTorch reference does between its ops).
+inline kf_v kf_vround(kf_v v) { TI t[KF_W]; @VROUND@(t, v); return @VIN@(t); }
+// Scalar erf with the same formula, for the tails of vector loops.
+inline float kf_erf_as(float x) {
+  const float a = fabsf(x), t = 1.0f / (1.0f + 0.3275911f * a);
+  const float p = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+  return copysignf(1.0f - p * kf_exp(-a * a), x);
+}
+"""
+
+_VIN = {"float32": "kf_vld_f32", "bfloat16": "kf_vld_bf16", "float16": "kf_vld_f16"}
+_VOUT = {"float32": "kf_vst_f32", "bfloat16": "kf_vst_bf16", "float16": "kf_vst_f16"}
 
 _CONV_IN = {"float32": "v", "bfloat16": "kf_bf2f(v)", "float16": "kf_h2f(v)"}
 _CONV_OUT = {"float32": "v", "bfloat16": "kf_f2bf(v)", "float16": "kf_f2h(v)"}
@@ -158,8 +338,9 @@ _CONV_OUT = {"float32": "v", "bfloat16": "kf_f2bf(v)", "float16": "kf_f2h(v)"}
 def cpu_head(task: Task, in_dtype: str | None = None, out_dtype: str | None = None) -> str:
     ti, to = in_dtype or task.dtype, out_dtype or task.output.dtype
     sig = catalogue.signature(task, "cpu")
-    return sig.prelude() + fill(_CPU_HELPERS, TI=catalogue.CPU_CTYPE[ti], TO=catalogue.CPU_CTYPE[to],
-                                CONV_IN=_CONV_IN[ti], CONV_OUT=_CONV_OUT[to], CONV_ROUND=_CONV_OUT[ti])
+    return sig.prelude() + fill(_CPU_HELPERS + _CPU_SIMD, TI=catalogue.CPU_CTYPE[ti],
+                                TO=catalogue.CPU_CTYPE[to], CONV_IN=_CONV_IN[ti], CONV_OUT=_CONV_OUT[to],
+                                CONV_ROUND=_CONV_OUT[ti], VIN=_VIN[ti], VOUT=_VOUT[to], VROUND=_VOUT[ti])
 
 
 def entry(task: Task, backend: str, body: str) -> str:

@@ -199,13 +199,17 @@ inline int kf_pool(const TI* x, TO* y, int64_t NC, int64_t H, int64_t W, int64_t
   if (NC <= 0 || OH <= 0 || OW <= 0) return 0;
   const int64_t hw = H * W;
   if (OH == 1 && OW == 1) {
+    // Channels are contiguous runs of hw (49 at 7x7): whole vectors over the run (unaligned
+    // loads, so hw need not be a multiple of KF_W), the rest scalar, one horizontal sum.
+    const int64_t nv = hw - hw % KF_W;
 #pragma omp parallel for schedule(static, @GRAIN@)
     for (int64_t c = 0; c < NC; ++c) {
       const TI* xc = x + c * hw;
+      kf_v acc = kf_vset(0.f);
+      for (int64_t e = 0; e < nv; e += KF_W) acc = kf_vadd(acc, kf_vin(xc + e));
       float s = 0.f;
-#pragma omp simd reduction(+ : s)
-      for (int64_t e = 0; e < hw; ++e) s += kf_in(xc[e]);
-      y[c] = kf_out(s / (float)hw);
+      for (int64_t e = nv; e < hw; ++e) s += kf_in(xc[e]);
+      y[c] = kf_out((s + kf_vsum(acc)) / (float)hw);
     }
     return 0;
   }

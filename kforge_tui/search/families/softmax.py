@@ -390,6 +390,165 @@ register(Family("split_row", OPS, "cuda",
                 doc="several blocks per long row, partial (max, sum) then combine-and-write"))
 
 
+_CUDA_CLUSTER = r"""
+#include <cooperative_groups.h>
+namespace kf_cg = cooperative_groups;
+__device__ __forceinline__ float kf_exp(float v) { return expf(v); }
+
+// Online (max, sum) merge: the pair with the larger max keeps its sum, the other is rescaled.
+__device__ __forceinline__ void kf_ms_merge(float& m, float& s, float om, float os) {
+  const float M = fmaxf(m, om);
+  s = (m == M ? s : s * kf_exp(m - M)) + (om == M ? os : os * kf_exp(om - M));
+  m = M;
+}
+
+// One thread-block cluster per row (sm_90): rank r reduces chunk r to an online (max, sum), the
+// cluster merges the pairs through distributed shared memory, and every CTA writes its chunk,
+// re-reading what it just read (L1/L2-resident). One launch, no scratch allocation.
+template <int THREADS, int VEC, int UNROLL, bool LOG>
+__global__ void __launch_bounds__(THREADS) kf_softmax_cluster(const TI* __restrict__ x, TO* __restrict__ y,
+                                                             int64_t n, int64_t chunk) {
+  constexpr int NW = THREADS / 32;
+  __shared__ float2 sh[NW];
+  __shared__ float2 part;
+  kf_cg::cluster_group cl = kf_cg::this_cluster();
+  const int csize = (int)cl.num_blocks(), rank = (int)cl.block_rank();
+  const int64_t row = blockIdx.x / csize;
+  const int64_t lo = (int64_t)rank * chunk, hi = (lo + chunk < n) ? lo + chunk : n;
+  const TI* xr = x + row * n;
+  float m = -INFINITY, s = 0.f;
+  constexpr int64_t STEP = (int64_t)THREADS * VEC;
+  int64_t base = lo + (int64_t)threadIdx.x * VEC;
+  for (; base + (UNROLL - 1) * STEP < hi; base += UNROLL * STEP) {
+    kf_pack<TI, VEC> p[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) p[u] = kf_load<TI, VEC>(xr + base + u * STEP);
+    float pm = m;
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) pm = fmaxf(pm, kf_f(p[u].v[j]));
+    }
+    if (pm != m) { s *= kf_exp(m - pm); m = pm; }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) s += kf_exp(kf_f(p[u].v[j]) - m);
+    }
+  }
+  for (; base < hi; base += STEP) {
+    kf_pack<TI, VEC> p = kf_load<TI, VEC>(xr + base);
+    float pm = m;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) pm = fmaxf(pm, kf_f(p.v[j]));
+    if (pm != m) { s *= kf_exp(m - pm); m = pm; }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) s += kf_exp(kf_f(p.v[j]) - m);
+  }
+  for (int o = 16; o > 0; o >>= 1) kf_ms_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = make_float2(m, s);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float2 t = sh[0];
+    for (int k = 1; k < NW; ++k) kf_ms_merge(t.x, t.y, sh[k].x, sh[k].y);
+    part = t;
+  }
+  cl.sync();  // every CTA's pair is visible cluster-wide
+  m = -INFINITY;
+  s = 0.f;
+  if ((int)(threadIdx.x & 31) < csize) {
+    const float2 o = *cl.map_shared_rank(&part, threadIdx.x & 31);
+    m = o.x;
+    s = o.y;
+  }
+  for (int o = 16; o > 0; o >>= 1) kf_ms_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  cl.sync();  // no CTA leaves (freeing its shared memory) while a peer may still read it
+  const float inv = 1.f / s, ls = logf(s);
+  TO* yr = y + row * n;
+  for (int64_t bs = lo + (int64_t)threadIdx.x * VEC; bs < hi; bs += STEP) {
+    kf_pack<TI, VEC> p = kf_load<TI, VEC>(xr + bs);
+    kf_pack<TO, VEC> o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float d = kf_f(p.v[j]) - m;
+      o.v[j] = kf_to<TO>(LOG ? d - ls : kf_exp(d) * inv);
+    }
+    kf_store<TO, VEC>(yr + bs, o);
+  }
+}
+
+template <int THREADS, int VEC, int UNROLL, bool LOG>
+inline int kf_softmax_cluster_launch(const TI* x, TO* y, int64_t rows, int64_t n, int64_t chunk, int cl,
+                                     cudaStream_t stream) {
+  if (cl > 8) {  // 16 is a non-portable cluster size: the kernel must opt in
+    cudaError_t e = cudaFuncSetAttribute(kf_softmax_cluster<THREADS, VEC, UNROLL, LOG>,
+                                         cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e != cudaSuccess) return (int)e;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)(rows * cl), 1, 1);
+  cfg.blockDim = dim3(THREADS, 1, 1);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)cl;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return (int)cudaLaunchKernelEx(&cfg, kf_softmax_cluster<THREADS, VEC, UNROLL, LOG>, x, y, n, chunk);
+}
+"""
+
+_CUDA_CLUSTER_LAUNCH = r"""
+  if (outer <= 0 || n <= 0) return 0;
+  const int64_t CL = @CLUSTER@;
+  if (inner != 1 || outer * CL > 2147483647) return -1;
+  int rc;
+  if ((n % @VEC@ == 0) && kf_aligned(x, @VEC@ * sizeof(TI)) && kf_aligned(y, @VEC@ * sizeof(TO))) {
+    const int64_t chunk = ((n + CL - 1) / CL + @VEC@ - 1) / @VEC@ * @VEC@;
+    rc = kf_softmax_cluster_launch<@THREADS@, @VEC@, @UNROLL@, @LOG@>(x, y, outer, n, chunk, (int)CL, stream);
+  } else {
+    const int64_t chunk = (n + CL - 1) / CL;
+    rc = kf_softmax_cluster_launch<@THREADS@, 1, 1, @LOG@>(x, y, outer, n, chunk, (int)CL, stream);
+  }
+  return rc ? rc : (int)cudaGetLastError();
+"""
+
+
+def _cluster_default(task: Task) -> dict:
+    """Split each row over a cluster so that rows x cluster gives about one CTA per SM (132)."""
+    outer, n, _ = _dims(task)
+    vec = _vec16(task)
+    while vec > 1 and n % vec:
+        vec //= 2
+    cl = 2
+    for c in (4, 8, 16):
+        if outer * c <= 132 and n // c >= 1024 * vec:
+            cl = c
+    return {"cluster": cl, "threads": 1024 if n // cl >= 1024 * vec * 4 else 512, "vec": vec, "unroll": 2}
+
+
+def _cluster_valid(task: Task, p: dict) -> bool:
+    outer, n, inner = _dims(task)
+    return (inner == 1 and n % p["vec"] == 0 and n >= 4096 and p["vec"] * ELEM_BYTES[task.dtype] <= 16
+            and n // p["cluster"] >= p["threads"] * p["vec"] and outer * p["cluster"] < 2**31)
+
+
+def _cluster_render(task: Task, p: dict) -> str:
+    body = fill(_CUDA_CLUSTER_LAUNCH, CLUSTER=p["cluster"], VEC=p["vec"], THREADS=p["threads"],
+                UNROLL=p["unroll"], LOG=_log(task))
+    return cuda_head(task) + _CUDA_CLUSTER + entry(task, "cuda", body)
+
+
+register(Family("cluster_row", OPS, "cuda",
+                {"cluster": (2, 4, 8, 16), "threads": (256, 512, 1024), "vec": (1, 2, 4, 8),
+                 "unroll": (1, 2, 4)},
+                _cluster_default, _cluster_valid, _cluster_render,
+                doc="sm_90 thread-block cluster per long row: DSMEM (max, sum) merge, one launch"))
+
+
 _CUDA_COLS = r"""
 __device__ __forceinline__ float kf_exp(float v) { return expf(v); }
 
@@ -438,6 +597,47 @@ register(Family("cols", OPS, "cuda", {"threads": (64, 128, 256, 512)},
 # ------------------------------------------------------------------------------- CPU
 
 _CPU_ROWS = r"""
+// Contiguous rows (inner == 1): explicit-SIMD passes (max; exp and sum; scale or shift), the
+// exp recomputed in pass 3 rather than stored when the output is narrower than f32.
+inline void kf_softmax_row_vec(const TI* xr, TO* yr, int64_t n) {
+  const int64_t nv = n - n % KF_W;
+  kf_v vm = kf_vset(-INFINITY);
+  for (int64_t j = 0; j < nv; j += KF_W) vm = kf_vmax(kf_vin(xr + j), vm);  // NaN reaches s below
+  float m = kf_vhmax(vm);
+  for (int64_t j = nv; j < n; ++j) { const float v = kf_in(xr[j]); m = v > m ? v : m; }
+  const kf_v vmx = kf_vset(m);
+  kf_v vs = kf_vset(0.f);
+  float s = 0.f;
+  if (@STORE_EXP@ && !@LOG@) {
+    float* yf = (float*)(void*)yr;
+    for (int64_t j = 0; j < nv; j += KF_W) {
+      const kf_v e = kf_vexp(kf_vsub(kf_vin(xr + j), vmx));
+      kf_vst_f32(yf + j, e);
+      vs = kf_vadd(vs, e);
+    }
+    for (int64_t j = nv; j < n; ++j) { const float e = kf_exp(kf_in(xr[j]) - m); yf[j] = e; s += e; }
+    s += kf_vsum(vs);
+    const float inv = 1.f / s;
+    const kf_v vinv = kf_vset(inv);
+    for (int64_t j = 0; j < nv; j += KF_W) kf_vst_f32(yf + j, kf_vmul(kf_vld_f32(yf + j), vinv));
+    for (int64_t j = nv; j < n; ++j) yf[j] = yf[j] * inv;
+    return;
+  }
+  for (int64_t j = 0; j < nv; j += KF_W) vs = kf_vadd(vs, kf_vexp(kf_vsub(kf_vin(xr + j), vmx)));
+  for (int64_t j = nv; j < n; ++j) s += kf_exp(kf_in(xr[j]) - m);
+  s += kf_vsum(vs);
+  const float inv = 1.f / s, ls = logf(s);
+  const kf_v vinv = kf_vset(inv), vls = kf_vset(m + ls);
+  for (int64_t j = 0; j < nv; j += KF_W) {
+    const kf_v v = kf_vin(xr + j);
+    kf_vout(yr + j, @LOG@ ? kf_vsub(v, vls) : kf_vmul(kf_vexp(kf_vsub(v, vmx)), vinv));
+  }
+  for (int64_t j = nv; j < n; ++j) {
+    const float d = kf_in(xr[j]) - m;
+    yr[j] = kf_out(@LOG@ ? d - ls : kf_exp(d) * inv);
+  }
+}
+
 inline int kf_softmax_rows(const TI* x, TO* y, int64_t outer, int64_t n, int64_t inner) {
   const int64_t rows = outer * inner;
 #pragma omp parallel for schedule(@SCHED@, @GRAIN@)
@@ -446,28 +646,17 @@ inline int kf_softmax_rows(const TI* x, TO* y, int64_t outer, int64_t n, int64_t
     const TI* xr = x + o * n * inner + i;
     TO* yr = y + o * n * inner + i;
     const int64_t st = inner;
+    if (@VEC@ && st == 1) { kf_softmax_row_vec(xr, yr, n); continue; }
     float m = -INFINITY;
     int nan = 0;
-#pragma omp simd reduction(max : m) reduction(| : nan)
     for (int64_t j = 0; j < n; ++j) { const float v = kf_in(xr[j * st]); m = v > m ? v : m; nan |= (v != v); }
     if (nan) m = NAN;
     float s = 0.f;
-    if (@STORE_EXP@ && st == 1) {
-      float* yf = (float*)(void*)yr;
-#pragma omp simd reduction(+ : s)
-      for (int64_t j = 0; j < n; ++j) { const float e = @EXP@(kf_in(xr[j]) - m); yf[j] = e; s += e; }
-      const float inv = 1.f / s, ls = logf(s);
-#pragma omp simd
-      for (int64_t j = 0; j < n; ++j) yf[j] = @LOG@ ? kf_in(xr[j]) - m - ls : yf[j] * inv;
-    } else {
-#pragma omp simd reduction(+ : s)
-      for (int64_t j = 0; j < n; ++j) s += @EXP@(kf_in(xr[j * st]) - m);
-      const float inv = 1.f / s, ls = logf(s);
-#pragma omp simd
-      for (int64_t j = 0; j < n; ++j) {
-        const float d = kf_in(xr[j * st]) - m;
-        yr[j * st] = kf_out(@LOG@ ? d - ls : @EXP@(d) * inv);
-      }
+    for (int64_t j = 0; j < n; ++j) s += @EXP@(kf_in(xr[j * st]) - m);
+    const float inv = 1.f / s, ls = logf(s);
+    for (int64_t j = 0; j < n; ++j) {
+      const float d = kf_in(xr[j * st]) - m;
+      yr[j * st] = kf_out(@LOG@ ? d - ls : @EXP@(d) * inv);
     }
   }
   return 0;
@@ -483,8 +672,9 @@ def _cpu_default(task: Task) -> dict:
 
 def _cpu_render(task: Task, p: dict) -> str:
     store = "1" if task.output.dtype == "float32" else "0"
+    # exp=poly: explicit-SIMD passes with the polynomial exp; libm: scalar loops calling expf.
     src = fill(_CPU_ROWS, SCHED=p["sched"], GRAIN=p["grain"], STORE_EXP=store, LOG=_log(task),
-               EXP="kf_exp" if p["exp"] == "poly" else "kf_exp_libm")
+               EXP="kf_exp" if p["exp"] == "poly" else "kf_exp_libm", VEC="1" if p["exp"] == "poly" else "0")
     body = "  return kf_softmax_rows(x, y, outer, n, inner);"
     return cpu_head(task) + src + entry(task, "cpu", body)
 
@@ -492,4 +682,4 @@ def _cpu_render(task: Task, p: dict) -> str:
 register(Family("rows_omp", OPS, "cpu",
                 {"grain": (1, 4, 16, 64), "sched": ("static", "dynamic"), "exp": ("poly", "libm")},
                 _cpu_default, lambda t, p: True, _cpu_render,
-                doc="OpenMP over rows, vectorised polynomial exp"))
+                doc="OpenMP over rows, explicit-SIMD passes with a polynomial exp (or scalar libm expf)"))

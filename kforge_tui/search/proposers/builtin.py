@@ -28,7 +28,9 @@ from kforge_tui.search.proposers.base import Proposal, ProposalContext
 from kforge_tui.task import Task
 from kforge_tui.workload import catalogue
 
-SHRINK = ("threads", "vec", "warps", "lanes", "channels", "unroll", "chunks", "splits")
+SHRINK = ("threads", "vec", "warps", "lanes", "channels", "unroll", "chunks", "splits", "cluster")
+# Families whose kernels use sm_90 thread-block clusters (refused for an older known GPU).
+CLUSTER_FAMILIES = ("cluster_row", "cluster_group")
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ class BuiltinProposer:
 
     # ------------------------------------------------------------------ moves
     def moves(self, ctx: ProposalContext, task: Task) -> list[Move]:
-        fams = self._families(task)
+        fams = [f for f in self._families(task) if self._usable(f, ctx)]
         if not fams:
             return []
         seen = {_key(p) for p in ctx.tried if p}
@@ -187,6 +189,17 @@ class BuiltinProposer:
                             yield k, vals[j], q
                             break
 
+    @staticmethod
+    def _usable(fam: Family, ctx) -> bool:
+        """Cluster kernels need compute capability 9.0+; an unknown device is given the benefit."""
+        if fam.name not in CLUSTER_FAMILIES:
+            return True
+        cc = str((ctx.device or {}).get("compute_capability") or "")
+        try:
+            return not cc or float(cc) >= 9.0
+        except ValueError:
+            return True
+
     # ------------------------------------------------------------------ priors
     @staticmethod
     def _sms(task: Task, ctx) -> int:
@@ -200,6 +213,12 @@ class BuiltinProposer:
             return 3.0
         if fam.name == "split_row" and rows < sms and n >= 16384:
             return 3.0
+        if fam.name == "cluster_row" and rows < sms and n >= 16384:
+            return 4.0  # split_row's design in one launch with no scratch: try it first
+        if fam.name == "cluster_group" and rows < 2 * sms:
+            # on-chip combine + an L2-resident re-read: best when the tensor fits in L2
+            l2 = int((ctx.device or {}).get("l2_bytes") or 50 * 2**20)
+            return 4.0 if rows * n * ELEM_BYTES.get(task.dtype, 4) <= 0.7 * l2 else 2.5
         if fam.name == "two_phase" and rows < 2 * sms:
             return 3.0
         if fam.name == "global_tile":
@@ -213,6 +232,17 @@ class BuiltinProposer:
         eb = ELEM_BYTES.get(task.dtype, 4)
         if k == "vec":
             return 3.0 if up and cur[k] * eb < 16 else (0.4 if up else 0.7)
+        if k == "cluster":
+            ctas = rows * cur[k]
+            if ctas < sms:
+                return 2.5 if up else 0.4
+            return 0.5 if up else 1.2
+        if k == "unroll":
+            return 1.5 if up and cur[k] < 4 else 1.0
+        if k == "threads" and fam.name == "block_row" and task.op in ("layer_norm", "rms_norm", "softmax",
+                                                                      "log_softmax"):
+            # fewer threads per row = more rows (blocks) in flight and cheaper barriers
+            return 1.5 if not up else 0.8
         if k in ("chunks", "splits"):
             blocks = rows * cur[k]
             if blocks < 2 * sms:

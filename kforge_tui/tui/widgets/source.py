@@ -30,3 +30,7 @@ class SourceView(VerticalScroll, can_focus=True):
                                     child_label=f"#{node.get('id')}", dark=dark))
         else:
             body.update(render_source(src, lexer=lexer_for(backend, src), dark=dark, error_line=error_line))
+        # a new node opens at its top, a failed one at its failing line (with a little context
+        # above): the pane is a few lines tall and compilers report errors deep in the file
+        top = max(0, error_line - 3) if error_line and not diff else 0
+        self.call_after_refresh(self.scroll_to, y=top, animate=False)

@@ -19,12 +19,13 @@ class StatusBar(Static):
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append("kforge ", style="bold")
         t.append(m.model or "(waiting for the run)", style="bold")
-        t.append("  on ")
-        t.append(m.device_name or m.device or "?")
-        t.append(f" [{m.device}]" if m.device else "")
+        # the proposer before the device: a long CPU name is what gets cut at 100 columns
         t.append("  proposer ")
         # the built-in proposer calls itself "builtin" in the store; the header says it in words
         t.append({"builtin": "built-in"}.get(m.proposer, m.proposer) or "?", style="bold")
+        t.append("  on ")
+        t.append(f"[{m.device}] " if m.device else "")
+        t.append(m.device_name or m.device or "?")
         t.append("\n")
         state = "finished" if m.finished else (m.phase or "starting")
         t.append(f"{state:<9}", style="bold" if m.running else "")

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# GPU: issue 7 end to end. `kforge optimize` searches every kernel-quality case (bench/cases.py:zoo)
+# with the built-in proposer and the default budget, then bench/kernel_quality.py re-evaluates each
+# best kernel from the run store next to eager, torch.compile, Liger and the floor.
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+export KFORGE_CACHE=/tmp/kcache LITELLM_LOCAL_MODEL_COST_MAP=True PYTHONUNBUFFERED=1
+BUDGET=${BUDGET:-50}; LIMIT=${LIMIT:-420}
+t0=$(date +%s)
+timeout $LIMIT python3 -m kforge_tui optimize bench/cases.py:zoo --device cuda --headless --top 11 \
+    --budget $BUDGET --parallel 8 --run-dir runs_gpu/zoo --no-apply > $OUT/zoo.log 2>&1
+echo "optimize rc=$? wall=$(( $(date +%s) - t0 ))s"; sed -n '/^run /,$p' $OUT/zoo.log | head -16
+cp runs_gpu/zoo/run.db $OUT/zoo.db
+timeout 150 python3 bench/kernel_quality.py runs_gpu/zoo --json $OUT/quality.json > $OUT/quality.log 2>&1
+echo "quality rc=$?"; tail -18 $OUT/quality.log
