@@ -263,7 +263,7 @@ class Engine:
         self.emit(ev.TaskAdded(task_id=task.task_id, op=task.op, shape=list(task.shape),
                                dtype=task.dtype, budget=budget, calls=task.calls,
                                total_us=task.total_us, share=task.share))
-        for row in rows or []:
+        for row in rows or [self.store.node(root_id)]:  # the root too, so a live tree has its top line
             self._replay_node(task.task_id, row)
         return ts
 
@@ -305,7 +305,7 @@ class Engine:
 
     async def _search_task(self, ts: TaskState) -> None:
         tid = ts.task.task_id
-        if ts.tree.done():
+        if ts.tree.done() and not ts.hand and not ts.repairs:
             self._set_status(ts, "done", ts.tree.stop_reason or "budget spent")
             return
         self._set_status(ts, "searching")

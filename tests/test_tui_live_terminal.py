@@ -46,6 +46,8 @@ class Term:
         size = subprocess.run(self.tmux + ["display-message", "-p", "-t", name, "#{pane_width}x#{pane_height}"],
                               capture_output=True, text=True).stdout.strip()
         assert size == "100x30", f"tmux pane is {size}, not 100x30"
+        self.socket = subprocess.run(self.tmux + ["display-message", "-p", "#{socket_path}"],
+                                     capture_output=True, text=True).stdout.strip()
 
     def screen(self) -> str:
         return subprocess.run(self.tmux + ["capture-pane", "-t", self.name, "-p"], capture_output=True,
@@ -78,6 +80,8 @@ class Term:
 
     def kill(self) -> None:
         subprocess.run(self.tmux + ["kill-server"], capture_output=True)  # our private server only
+        if self.socket:
+            Path(self.socket).unlink(missing_ok=True)
 
 
 def tree_lines(screen: str) -> list[str]:

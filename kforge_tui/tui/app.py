@@ -8,6 +8,7 @@ the GPU, and a 2,000-node tree stays responsive.
 """
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any, Awaitable, Callable
 
@@ -39,6 +40,18 @@ from kforge_tui.tui.widgets.tree import SearchTree
 FLUSH_S = 0.05  # batch window: events are folded and drawn at most 20 times a second
 FOLLOW_S = 0.5  # store poll interval in follow mode
 DEFAULT_BUDGET_STEP = 16
+
+
+def freeze_gc() -> None:
+    """Take what exists now (Textual, torch, the loaded model, the widgets) out of the GC's scans.
+
+    These objects live as long as the app, yet every full collection walks them all: measured by
+    bench/tui_latency.py, gen-2 pauses reached 122 ms in the UI loop, most of the 200 ms budget
+    for a key press. `gc.freeze()` is the documented remedy (gc module docs); called at mount and
+    once the tasks appear (after the engine's load/profile/capture), it costs one collection then.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def B(key: str, action: str, description: str, show: bool = True, **kw) -> Binding:
@@ -118,6 +131,7 @@ class KforgeApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
+        freeze_gc()
         self.set_interval(FLUSH_S, self.flush)
         self.set_interval(1.0, self._tick)
         self._w(StatusBar).show(self.model, self.clock())
@@ -191,6 +205,8 @@ class KforgeApp(App):
                 self.details.run_dir = e.run_dir
                 self.run_dir = self.run_dir or e.run_dir
         self._draw(d)
+        if d.new_tasks:
+            freeze_gc()  # the engine has loaded torch and the model by now
         if self._open_pending:
             self._open_pending = False
             self._show_node()
