@@ -219,9 +219,13 @@ def cmd_runs(args) -> int:
     if not runs:
         print(f"no runs under {', '.join(str(r) for r in roots)}")
         return 0
+    from datetime import datetime
+
     for r in runs:
-        print(f"{r['run_dir']}  {r.get('status', '?'):9s} {r.get('model', '')}  "
-              f"{r.get('tasks', '?')} ops  {r.get('created', '')}")
+        created = r.get("created")
+        when = datetime.fromtimestamp(created).strftime("%Y-%m-%d %H:%M") if isinstance(created, (int, float)) else ""
+        print(f"{when:16}  {r.get('status', '?'):9s} {r.get('tasks', '?'):>2} ops  {r.get('model', '')}  "
+              f"{r['run_dir']}")
     return 0
 
 

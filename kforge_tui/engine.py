@@ -233,8 +233,9 @@ class Engine:
         self.store.save_profile(rows)
         self.emit(ev.ProfileReady(rows=rows))
         self.emit(ev.Phase(name="capture", detail=f"top {s.top}" if not s.ops else ",".join(s.ops)))
-        tasks = await asyncio.to_thread(capture, self.loaded, self.run_dir, prof, top_n=s.top,
-                                        ops=s.ops, backend=backend, max_calls=s.max_calls)
+        with _forward_log("kforge.workload", self):  # skips and caps reach the user
+            tasks = await asyncio.to_thread(capture, self.loaded, self.run_dir, prof, top_n=s.top,
+                                            ops=s.ops, backend=backend, max_calls=s.max_calls)
         for t in tasks:
             self.store.add_task(t, s.budget)
             self._add_task_state(t, s.budget, root_id=None)
@@ -666,6 +667,35 @@ def _fail_reward() -> float:
     from kforge_tui.search import mcts
 
     return mcts.FAIL_REWARD
+
+
+class _forward_log:
+    """Route a library logger's records into the event stream as LogLine events while active."""
+
+    def __init__(self, name: str, engine: "Engine"):
+        import logging
+
+        self.logger = logging.getLogger(name)
+        engine_ref = engine
+
+        class _Handler(logging.Handler):
+            def emit(self, record):
+                engine_ref.log(record.getMessage(), "warning" if record.levelno >= logging.WARNING else "info")
+
+        self.handler = _Handler()
+        self.old_level = self.logger.level
+
+    def __enter__(self):
+        import logging
+
+        self.logger.addHandler(self.handler)
+        if self.logger.getEffectiveLevel() > logging.INFO:
+            self.logger.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.old_level)
 
 
 def _cache_dir() -> Path:

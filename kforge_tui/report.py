@@ -134,8 +134,8 @@ class HeadlessReporter:
                 self._print(f"{e.status} {e.task_id}: {e.detail}")
         elif isinstance(e, ev.Phase):
             self._print(f"[{e.name}] {e.detail}".rstrip())
-        elif isinstance(e, ev.LogLine) and e.level != "info":
-            self._print(f"{e.level}: {e.message}")
+        elif isinstance(e, ev.LogLine):
+            self._print(e.message if e.level == "info" else f"{e.level}: {e.message}")
         elif isinstance(e, ev.RunStarted):
             self._print(f"run {e.run_dir} — {e.model} on {e.device_name} ({e.device}), proposer {e.proposer}")
         now = time.time()
