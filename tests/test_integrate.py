@@ -5,6 +5,7 @@ kernels for the catalogue's entry points; apply() compiles them with the sandbox
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -458,3 +459,34 @@ def test_cuda_kernel_in_a_live_model(tmp_path):
         assert patch.counts == {task.task_id: 1}
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert device_info("cuda").arch.startswith("sm_")
+
+
+class BoundActivation(nn.Module):
+    """Holds the torch function itself, bound at construction, as HF's GELUTanh does with
+    functools.partial(F.gelu, approximate="tanh"): patching F.silu later cannot reach it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+        self.act = functools.partial(F.silu, inplace=False)
+
+    def forward(self, x):
+        return self.act(self.lin(x))
+
+
+def test_functions_bound_at_construction_are_patched_and_restored(tiny_run):
+    torch.manual_seed(0)
+    model, x = BoundActivation().eval(), example()
+    original = model.act
+    with torch.inference_mode():
+        want = model(x)
+    patch = apply(model, tiny_run)
+    try:
+        silu_id = next(k["task_id"] for k in patch.kernels if k["op"] == "silu")
+        with torch.inference_mode():
+            got = model(x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        assert patch.counts.get(silu_id) == 1  # the bound partial now reaches the kernel
+    finally:
+        patch.remove()
+    assert model.act is original

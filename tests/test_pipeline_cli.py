@@ -1,5 +1,10 @@
 """The product's whole path through the real CLI on the cpu backend (issues 4 and 6, in CI):
 
+The op is Gemma's gelu (tanh form) because on this CPU its built-in kernel wins clearly (3.2x on
+a quiet 2-core VM, 3.8x under load, 2026-11-30); group_norm's margin (0.8-1.7x) is within CI's
+noise, and the test must not depend on luck.
+
+
 optimize a sample model headless with the built-in proposer → `show --json` says a verified
 kernel beats eager → `apply` patches the live model with outputs within tolerance → `export`
 writes a package that a fresh interpreter with only torch imports and uses on a freshly built
@@ -26,17 +31,17 @@ def kforge(*args, timeout=900):
 
 
 @pytest.fixture(scope="module")
-def vae_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("pipeline") / "vae"
-    r = kforge("optimize", "sample_models/sd35_vae.py", "--device", "cpu", "--headless", "--ops", "group_norm",
+def gemma_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("pipeline") / "gemma"
+    r = kforge("optimize", "sample_models/gemma.py", "--device", "cpu", "--headless", "--ops", "gelu",
                "--top", "1", "--budget", "6", "--run-dir", str(run_dir), "--no-apply")
     assert r.returncode == 0, r.stderr[-3000:]
     return run_dir
 
 
 @pytest.mark.slow
-def test_optimize_finds_a_verified_kernel_faster_than_eager(vae_run):
-    r = kforge("show", str(vae_run), "--json")
+def test_optimize_finds_a_verified_kernel_faster_than_eager(gemma_run):
+    r = kforge("show", str(gemma_run), "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     (task,) = data["tasks"]
@@ -44,14 +49,14 @@ def test_optimize_finds_a_verified_kernel_faster_than_eager(vae_run):
                 "evaluated", "budget"):
         assert key in task
     # the search stops at the budget, or earlier when the built-in space is exhausted
-    assert task["op"] == "group_norm" and 1 <= task["evaluated"] <= task["budget"] == 6
+    assert task["op"] == "gelu" and 1 <= task["evaluated"] <= task["budget"] == 6
     assert task["verified"] is True and task["speedup"] > 1.0, task
     assert task["best_us"] < task["baseline_us"]
 
 
 @pytest.mark.slow
-def test_apply_patches_the_live_model_within_tolerance(vae_run):
-    r = kforge("apply", str(vae_run), "sample_models/sd35_vae.py", "--device", "cpu", "--json")
+def test_apply_patches_the_live_model_within_tolerance(gemma_run):
+    r = kforge("apply", str(gemma_run), "sample_models/gemma.py", "--device", "cpu", "--json")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rep = json.loads(r.stdout)
     for key in ("max_abs_err", "eager_ms", "patched_ms", "speedup", "kernels_used"):
@@ -61,9 +66,9 @@ def test_apply_patches_the_live_model_within_tolerance(vae_run):
 
 
 @pytest.mark.slow
-def test_export_loads_with_only_torch_and_matches(vae_run, tmp_path):
-    out = tmp_path / "kforge_vae_kernels"
-    r = kforge("export", str(vae_run), str(out))
+def test_export_loads_with_only_torch_and_matches(gemma_run, tmp_path):
+    out = tmp_path / "kforge_gemma_kernels"
+    r = kforge("export", str(gemma_run), str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     assert (out / "__init__.py").exists() and (out / "manifest.json").exists()
     import torch
@@ -78,21 +83,26 @@ def test_export_loads_with_only_torch_and_matches(vae_run, tmp_path):
         except ImportError:
             pass
         import importlib.util, torch
-        spec = importlib.util.spec_from_file_location("sd35_vae", {str(ROOT / "sample_models" / "sd35_vae.py")!r})
+        spec = importlib.util.spec_from_file_location("gemma", {str(ROOT / "sample_models" / "gemma.py")!r})
         mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
         torch.manual_seed(0)
         model, inputs = mod.build("cpu")
+        run = lambda: model(**inputs) if isinstance(inputs, dict) else model(*inputs)
         with torch.inference_mode():
-            ref = model(*inputs)
-        import kforge_vae_kernels as k
+            ref = run()
+        import kforge_gemma_kernels as k
         k.apply(model)
         with torch.inference_mode():
-            got = model(*inputs)
+            got = run()
         calls = sum(k.counts().values())
         k.remove(model)
-        ref = ref.sample if hasattr(ref, "sample") else ref
-        got = got.sample if hasattr(got, "sample") else got
-        err = (ref - got).abs().max().item()
+        def first(o):
+            if isinstance(o, torch.Tensor):
+                return o
+            if isinstance(o, dict):
+                return first(next(iter(o.values())))
+            return first(o[0])
+        err = (first(ref) - first(got)).abs().max().item()
         print("calls", calls, "err", err)
         assert calls > 0, "the exported kernel was never called"
         assert err < 1e-2, err

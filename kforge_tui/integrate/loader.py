@@ -20,6 +20,7 @@ instance `forward` that pushes its kernel table), so other models in the process
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import keyword
@@ -514,6 +515,7 @@ def install(model: torch.nn.Module, runtime: Runtime) -> None:
                 replaced.append((m, m.__dict__.get("forward", _MISSING)))
                 m.forward = _rms_forward(m, m.forward, variant)
     taken = _install_sites(ops)
+    rebound = _rebind_bound_references(model, taken)
     inner = model.forward
 
     def forward(*args, **kwargs):
@@ -527,7 +529,7 @@ def install(model: torch.nn.Module, runtime: Runtime) -> None:
 
     replaced.append((model, model.__dict__.get("forward", _MISSING)))
     model.forward = forward
-    _INSTALLED[model] = (runtime, replaced, taken)
+    _INSTALLED[model] = (runtime, replaced, taken, rebound)
 
 
 def uninstall(model: torch.nn.Module) -> bool:
@@ -535,7 +537,9 @@ def uninstall(model: torch.nn.Module) -> bool:
     rec = _INSTALLED.pop(model, None)
     if rec is None:
         return False
-    _runtime, replaced, taken = rec
+    _runtime, replaced, taken, rebound = rec
+    for m, attr, prev in reversed(rebound):
+        setattr(m, attr, prev)
     for m, prev in reversed(replaced):
         if prev is _MISSING:
             m.__dict__.pop("forward", None)
@@ -543,6 +547,30 @@ def uninstall(model: torch.nn.Module) -> bool:
             m.forward = prev
     _release_sites(taken)
     return True
+
+
+def _rebind_bound_references(model: torch.nn.Module, taken: list[tuple]) -> list[tuple]:
+    """Modules that stored the torch function itself at construction (HF's GELUTanh keeps
+    `functools.partial(F.gelu, approximate="tanh")`) never look it up again, so patching
+    `F.gelu` does not reach them: point those instance attributes at the wrapper too."""
+    swap = {}
+    for mod, attr in taken:
+        orig, wrapper, _users = _GLOBAL[(mod.__name__, attr)]
+        swap[id(orig)] = wrapper
+    if not swap:
+        return []
+    rebound = []
+    for m in model.modules():
+        for attr, val in list(vars(m).items()):
+            if isinstance(val, functools.partial) and id(val.func) in swap:
+                new = functools.partial(swap[id(val.func)], *val.args, **(val.keywords or {}))
+            elif callable(val) and id(val) in swap:
+                new = swap[id(val)]
+            else:
+                continue
+            rebound.append((m, attr, val))
+            setattr(m, attr, new)
+    return rebound
 
 
 def runtime_of(model) -> Runtime | None:
