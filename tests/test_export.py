@@ -157,3 +157,19 @@ def test_export_bad_input(tmp_path):
         export_run(good, busy)
     with pytest.raises(UsageError):
         export_run(tmp_path / "no-run", tmp_path / "pkg2")
+
+
+def test_export_rebuilds_with_the_sandbox_flags():
+    """The export's loader cannot import kforge, so it repeats the compile flags: keep them the
+    flags the kernels were verified with (less the -Xptxas -v resource report)."""
+    from kforge_tui.integrate.loader import build_command
+    from kforge_tui.sandbox.compile import compile_flags
+
+    for backend, arch in (("cuda", "sm_90"), ("cpu", "native")):
+        got = build_command(backend, "CC", "k.src", "k.so", arch)
+        want = [f for f in compile_flags(backend, arch)]
+        if "-Xptxas" in want:
+            i = want.index("-Xptxas")
+            del want[i:i + 2]
+        assert got[0] == "CC" and got[-3:] == ["-o", "k.so", "k.src"]
+        assert got[1:-3] == want

@@ -614,11 +614,10 @@ def build_command(backend: str, compiler: str, src: str, out: str, arch: str) ->
     """The sandbox compiler's flags (kforge_tui/sandbox/compile.py), repeated here because this
     file must not import kforge; the manifest records the flags the shipped binaries used."""
     if backend == "cuda":
-        cc = arch.replace("sm_", "")
-        return [compiler, "-O1", "-gencode", f"arch=compute_{cc},code=sm_{cc}", "-shared",
-                "-Xcompiler", "-fPIC", "-std=c++17", "-o", out, src]
+        return [compiler, "-O3", f"-arch={arch}", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
+                "-std=c++17", "-o", out, src]
     return [compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
-            "-o", out, src]
+            "-Wl,-z,defs", "-o", out, src]
 
 
 def rebuild(spec: dict, src_path: Path, backend: str, arch: str, cache_dir: Path) -> Path:
