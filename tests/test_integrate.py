@@ -490,3 +490,70 @@ def test_functions_bound_at_construction_are_patched_and_restored(tiny_run):
     finally:
         patch.remove()
     assert model.act is original
+
+
+SILU_MUL_CPP = r"""#include <stdint.h>
+#include <stddef.h>
+#include <math.h>
+extern "C" int kforge_launch(const float* a, int64_t a_row_stride, const float* b, int64_t b_row_stride,
+                             float* y, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      float v = a[r * a_row_stride + c];
+      y[r * cols + c] = v / (1.f + expf(-v)) * b[r * b_row_stride + c];
+    }
+  return 0;
+}
+"""
+HID, INTER = 16, 24
+
+
+class GatedMLP(nn.Module):
+    """Spelled like HF's LlamaMLP / Qwen3MoeMLP."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_proj = nn.Linear(HID, INTER, bias=False)
+        self.up_proj = nn.Linear(HID, INTER, bias=False)
+        self.down_proj = nn.Linear(INTER, HID, bias=False)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LookalikeMLP(GatedMLP):
+    """Same attributes, different computation: the replacement must not be trusted here."""
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.up_proj(x)) * self.gate_proj(x))
+
+
+class TwoMLPs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mlp = GatedMLP()
+        self.other = LookalikeMLP()
+
+    def forward(self, x):
+        return self.mlp(x) + self.other(x)
+
+
+def test_gated_mlp_silu_mul_is_dispatched_and_lookalikes_are_left_alone(tmp_path):
+    torch.manual_seed(0)
+    model, x = TwoMLPs().eval(), torch.randn(2, 5, HID)
+    with torch.inference_mode():
+        a, b = model.mlp.gate_proj(x), model.mlp.up_proj(x)
+        want = model(x)
+    task = _task("silu_mul", {"a": a, "b": b}, {}, F.silu(a) * b)
+    run = make_run(tmp_path / "r", [(task, SILU_MUL_CPP, 1.5, 300.0)])
+    patch = apply(model, run)
+    try:
+        assert "forward" in vars(model.mlp) and "forward" not in vars(model.other)
+        with torch.inference_mode():
+            got = model(x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        assert patch.counts == {task.task_id: 1}  # only the real gated MLP used the kernel
+    finally:
+        patch.remove()
+    assert "forward" not in vars(model.mlp)

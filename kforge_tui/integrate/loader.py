@@ -41,7 +41,8 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 # Tensor arguments of each op, in the order the wrappers pass them (names as in the catalogue).
 OP_INPUTS = {"softmax": ("x",), "log_softmax": ("x",), "layer_norm": ("x", "weight", "bias"),
              "rms_norm": ("x", "weight"), "group_norm": ("x", "weight", "bias"),
-             "adaptive_avg_pool2d": ("x",), "gelu": ("x",), "silu": ("x",), "relu": ("x",)}
+             "adaptive_avg_pool2d": ("x",), "gelu": ("x",), "silu": ("x",), "relu": ("x",),
+             "silu_mul": ("a", "b")}
 _CTYPES = {"in_ptr": ctypes.c_void_p, "out_ptr": ctypes.c_void_p, "opt_ptr": ctypes.c_void_p,
            "int64": ctypes.c_int64, "float": ctypes.c_float, "stream": ctypes.c_void_p}
 
@@ -77,13 +78,13 @@ class Kernel:
         self.cuda = spec["backend"] == "cuda"
         metas = {m["name"]: m for m in spec["inputs"]}
         names = OP_INPUTS[self.op]
-        if set(metas) - set(names) or "x" not in metas:
+        if set(metas) - set(names) or names[0] not in metas:
             raise KernelLoadError(f"{self.task_id}: inputs {sorted(metas)} do not match op {self.op}")
         # (shape, dtype) each later tensor must have; None = absent, the kernel gets NULL
         self.checks = tuple(
             (tuple(metas[n]["shape"]), DTYPES[metas[n]["dtype"]])
             if n in metas and metas[n]["shape"] is not None else None for n in names[1:])
-        x = metas["x"]
+        x = metas[names[0]]  # the primary tensor: its shape/dtype key the dispatch
         self.shape = tuple(x["shape"])
         self.dtype = DTYPES[x["dtype"]]
         self.out_shape = tuple(spec["output"]["shape"])
@@ -102,7 +103,11 @@ class Kernel:
         self.launch = _codegen(self.task_id, sig, names, spec.get("scalars", {}), self.fn)
 
     def key(self):
-        return op_key(self.op, self.shape, self.dtype, self.params, self.checks, self.out_dtype)
+        params = self.params
+        if self.op == "silu_mul":
+            sc = self.spec.get("scalars", {})
+            params = {"a_row_stride": sc["a_row_stride"], "b_row_stride": sc["b_row_stride"]}
+        return op_key(self.op, self.shape, self.dtype, params, self.checks, self.out_dtype)
 
 
 def _codegen(task_id: str, sig, names, scalars: dict, fn):
@@ -159,6 +164,8 @@ def op_key(op, shape, dtype, params, checks, out_dtype):
         return (tuple(shape), dtype, tuple(int(s) for s in params["output_size"]))
     if op == "gelu":
         return (tuple(shape), dtype, params.get("approximate", "none"))
+    if op == "silu_mul":  # the row strides are baked into the kernel's scalars
+        return (tuple(shape), dtype, int(params["a_row_stride"]), int(params["b_row_stride"]))
     return (tuple(shape), dtype)
 
 
@@ -494,6 +501,69 @@ def _rms_forward(module, orig_forward, variant):
     return forward
 
 
+def _gated_silu_mlp(module) -> bool:
+    """HF's gated MLP (Llama/Qwen/Mistral `*MLP`): down_proj(act_fn(gate_proj(x)) * up_proj(x))
+    with a SiLU activation. Its silu(a)*b is one kernel-target op, but it is spelled inside the
+    module's forward, so the module's forward is what gets replaced (and checked: see install)."""
+    act = getattr(module, "act_fn", None)
+    silu = isinstance(act, torch.nn.SiLU) or type(act).__name__ in ("SiLU", "SiLUActivation")
+    return silu and all(isinstance(getattr(module, n, None), torch.nn.Module)
+                        for n in ("gate_proj", "up_proj", "down_proj"))
+
+
+def _silu_mul_forward(module, orig_forward):
+    def spelled_out(x):  # what the replacement computes when no kernel applies
+        return module.down_proj(module.act_fn(module.gate_proj(x)) * module.up_proj(x))
+
+    def forward(x, *args, **kwargs):
+        rt = _active()
+        if rt is None or args or kwargs or type(x) is not _Tensor:
+            return orig_forward(x, *args, **kwargs)
+        a, b = module.gate_proj(x), module.up_proj(x)
+        y = _launch_silu_mul(rt, a, b)
+        if y is None:
+            y = module.act_fn(a) * b
+        return module.down_proj(y)
+    forward.spelled_out = spelled_out
+    return forward
+
+
+def _launch_silu_mul(rt, a, b):
+    tab = rt.tables.get("silu_mul")
+    if not tab or a.dim() < 2 or a.shape != b.shape or a.dtype != b.dtype:
+        return None
+    if a.stride(-1) != 1 or b.stride(-1) != 1:
+        return rt.fallback("silu_mul", "inputs without unit column stride", a)
+    k = tab.get((a.shape, a.dtype, a.stride(-2), b.stride(-2)))
+    if k is None:
+        return _miss(rt, "silu_mul", a)
+    if not (a.is_cuda if k.cuda else a.is_cpu) or a.device != b.device:
+        return rt.fallback("silu_mul", "tensor on another device", a)
+    if _grad_enabled() and (a.requires_grad or b.requires_grad):
+        return rt.fallback("silu_mul", "autograd (kernel has no backward)", a)
+    if a.dim() > 2 and not (a.is_contiguous() and b.is_contiguous()):
+        return rt.fallback("silu_mul", "rows are not evenly strided", a)
+    stream = torch._C._cuda_getCurrentRawStream(a.get_device()) if k.cuda else None
+    y = a.new_empty(a.shape)
+    rc = k.launch(a, b, y, stream)
+    if rc != 0:
+        return rt.fallback("silu_mul", f"kernel returned error {rc}", a)
+    rt.counts[k.task_id] += 1
+    return y
+
+
+def _same_as_original(module, orig_forward, new_forward) -> bool:
+    """A replaced forward must compute exactly what the module's own forward computes: run the
+    original and the replacement's spelled-out PyTorch path on random rows before trusting it."""
+    try:
+        w = module.gate_proj.weight
+        x = torch.randn(2, w.shape[1], device=w.device, dtype=w.dtype)
+        with torch.inference_mode():
+            return bool(torch.equal(orig_forward(x), new_forward.spelled_out(x)))
+    except Exception:  # noqa: BLE001 - anything unexpected: keep the module's own forward
+        return False
+
+
 # ------------------------------------------------------------------ install / uninstall
 
 _INSTALLED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -514,6 +584,13 @@ def install(model: torch.nn.Module, runtime: Runtime) -> None:
             if variant is not None:
                 replaced.append((m, m.__dict__.get("forward", _MISSING)))
                 m.forward = _rms_forward(m, m.forward, variant)
+    if "silu_mul" in ops:
+        for m in model.modules():
+            if _gated_silu_mlp(m):
+                fwd = _silu_mul_forward(m, m.forward)
+                if _same_as_original(m, m.forward, fwd):
+                    replaced.append((m, m.__dict__.get("forward", _MISSING)))
+                    m.forward = fwd
     taken = _install_sites(ops)
     rebound = _rebind_bound_references(model, taken)
     inner = model.forward
