@@ -3,7 +3,8 @@
 # with the built-in proposer and the default budget, then bench/kernel_quality.py re-evaluates each
 # best kernel from the run store next to eager, torch.compile, Liger and the floor.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+# wheels carried to an offline GPU machine (tree-sitter, liger-kernel, ...) when .whl/ exists
+if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD; else export PYTHONPATH=$PWD; fi
 export KFORGE_CACHE=/tmp/kcache LITELLM_LOCAL_MODEL_COST_MAP=True PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-50}; LIMIT=${LIMIT:-420}
 t0=$(date +%s)
