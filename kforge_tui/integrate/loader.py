@@ -253,21 +253,27 @@ def _miss(rt, op, x):
     return rt.fallback(op, "no verified kernel for this shape/dtype/params", x)
 
 
+def _dispatch(rt, op, key, x, a=None, b=None):
+    """The kernel's output for this call, or None (counted as a fallback) to use PyTorch."""
+    tab = rt.tables.get(op)
+    if tab is None:  # another applied model's wrapper is shared, but this runtime lacks the op
+        return None
+    k = tab.get(key)
+    if k is None:
+        return _miss(rt, op, x)
+    return _launch(rt, k, x, a, b)
+
+
 # ------------------------------------------------------------------ call-site wrappers
 
 def _w_softmax(op, orig):
     def wrapper(input, dim=None, _stacklevel=3, dtype=None):
         rt = _active()
         if rt is not None and type(input) is _Tensor:
-            tab = rt.tables[op]
             if type(dim) is int:
-                k = tab.get((input.shape, input.dtype, dim, dtype or input.dtype))
-                if k is not None:
-                    y = _launch(rt, k, input)
-                    if y is not None:
-                        return y
-                else:
-                    _miss(rt, op, input)
+                y = _dispatch(rt, op, (input.shape, input.dtype, dim, dtype or input.dtype), input)
+                if y is not None:
+                    return y
             else:
                 rt.fallback(op, "dim not given as an int", input)
         return orig(input, dim, _stacklevel, dtype)
@@ -278,13 +284,9 @@ def _w_torch_softmax(op, orig):
     def wrapper(input, dim, dtype=None, **kw):
         rt = _active()
         if rt is not None and type(input) is _Tensor and not kw and type(dim) is int:
-            k = rt.tables[op].get((input.shape, input.dtype, dim, dtype or input.dtype))
-            if k is not None:
-                y = _launch(rt, k, input)
-                if y is not None:
-                    return y
-            else:
-                _miss(rt, op, input)
+            y = _dispatch(rt, op, (input.shape, input.dtype, dim, dtype or input.dtype), input)
+            if y is not None:
+                return y
         return orig(input, dim, dtype=dtype, **kw)
     return wrapper
 
@@ -294,14 +296,10 @@ def _w_layer_norm(orig):
         rt = _active()
         if rt is not None and type(input) is _Tensor:
             ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-            k = rt.tables["layer_norm"].get((input.shape, input.dtype, ns, float(eps),
-                                             weight is not None, bias is not None))
-            if k is not None:
-                y = _launch(rt, k, input, weight, bias)
-                if y is not None:
-                    return y
-            else:
-                _miss(rt, "layer_norm", input)
+            y = _dispatch(rt, "layer_norm", (input.shape, input.dtype, ns, float(eps), weight is not None,
+                                             bias is not None), input, weight, bias)
+            if y is not None:
+                return y
         return orig(input, normalized_shape, weight, bias, eps)
     return wrapper
 
@@ -313,14 +311,10 @@ def _w_rms_norm(orig):
             ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
             e = torch.finfo(input.dtype).eps if eps is None else float(eps)
             out = torch.promote_types(input.dtype, weight.dtype) if weight is not None else input.dtype
-            k = rt.tables["rms_norm"].get((input.shape, input.dtype, ns, e, "functional", out,
-                                           weight is not None))
-            if k is not None:
-                y = _launch(rt, k, input, weight)
-                if y is not None:
-                    return y
-            else:
-                _miss(rt, "rms_norm", input)
+            y = _dispatch(rt, "rms_norm", (input.shape, input.dtype, ns, e, "functional", out,
+                                           weight is not None), input, weight)
+            if y is not None:
+                return y
         return orig(input, normalized_shape, weight, eps)
     return wrapper
 
@@ -329,14 +323,10 @@ def _w_group_norm(orig):
     def wrapper(input, num_groups, weight=None, bias=None, eps=1e-5):
         rt = _active()
         if rt is not None and type(input) is _Tensor:
-            k = rt.tables["group_norm"].get((input.shape, input.dtype, int(num_groups), float(eps),
-                                             weight is not None, bias is not None))
-            if k is not None:
-                y = _launch(rt, k, input, weight, bias)
-                if y is not None:
-                    return y
-            else:
-                _miss(rt, "group_norm", input)
+            y = _dispatch(rt, "group_norm", (input.shape, input.dtype, int(num_groups), float(eps),
+                                             weight is not None, bias is not None), input, weight, bias)
+            if y is not None:
+                return y
         return orig(input, num_groups, weight, bias, eps)
     return wrapper
 
@@ -348,13 +338,9 @@ def _w_pool(orig):
             os_ = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
             if len(os_) == 2:
                 os_ = tuple(input.shape[-2 + i] if s is None else int(s) for i, s in enumerate(os_))
-                k = rt.tables["adaptive_avg_pool2d"].get((input.shape, input.dtype, os_))
-                if k is not None:
-                    y = _launch(rt, k, input)
-                    if y is not None:
-                        return y
-                else:
-                    _miss(rt, "adaptive_avg_pool2d", input)
+                y = _dispatch(rt, "adaptive_avg_pool2d", (input.shape, input.dtype, os_), input)
+                if y is not None:
+                    return y
         return orig(input, output_size)
     return wrapper
 
@@ -363,13 +349,9 @@ def _w_gelu(orig):
     def wrapper(input, approximate="none"):
         rt = _active()
         if rt is not None and type(input) is _Tensor:
-            k = rt.tables["gelu"].get((input.shape, input.dtype, approximate))
-            if k is not None:
-                y = _launch(rt, k, input)
-                if y is not None:
-                    return y
-            else:
-                _miss(rt, "gelu", input)
+            y = _dispatch(rt, "gelu", (input.shape, input.dtype, approximate), input)
+            if y is not None:
+                return y
         return orig(input, approximate=approximate)
     return wrapper
 
@@ -396,13 +378,9 @@ def _w_relu(orig):
     def wrapper(input):
         rt = _active()
         if rt is not None and type(input) is _Tensor:
-            k = rt.tables["relu"].get((input.shape, input.dtype))
-            if k is not None:
-                y = _launch(rt, k, input)
-                if y is not None:
-                    return y
-            else:
-                _miss(rt, "relu", input)
+            y = _dispatch(rt, "relu", (input.shape, input.dtype), input)
+            if y is not None:
+                return y
         return orig(input)
     return wrapper
 
@@ -486,17 +464,12 @@ def _rms_forward(module, orig_forward, variant):
     def forward(hidden_states, *args, **kwargs):
         rt = _active()
         if rt is not None and not args and not kwargs and type(hidden_states) is _Tensor:
-            tab = rt.tables.get("rms_norm")
-            x = hidden_states
-            w = module.weight
+            x, w = hidden_states, module.weight
             out = x.dtype if variant == "gemma" else torch.promote_types(w.dtype, x.dtype)
-            k = tab.get((x.shape, x.dtype, (x.shape[-1],), eps, variant, out, True)) if tab else None
-            if k is not None:
-                y = _launch(rt, k, x, w)
+            if "rms_norm" in rt.tables:
+                y = _dispatch(rt, "rms_norm", (x.shape, x.dtype, (x.shape[-1],), eps, variant, out, True), x, w)
                 if y is not None:
                     return y
-            elif tab is not None:
-                _miss(rt, "rms_norm", x)
         return orig_forward(hidden_states, *args, **kwargs)
     return forward
 
