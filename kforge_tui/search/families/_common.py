@@ -81,6 +81,28 @@ template <int NW> __device__ __forceinline__ float kf_block_max(float v, float* 
   return kf_warp_max(r, 32);
 }
 inline bool kf_aligned(const void* p, int bytes) { return ((uintptr_t)p % (uintptr_t)bytes) == 0; }
+// Launch `kernel` as 1-D clusters of `cl` CTAs (sm_90): blocks CTAs of `threads` threads.
+template <typename... P, typename... A>
+inline int kf_launch_cluster(void (*kernel)(P...), int64_t blocks, int threads, int cl,
+                             cudaStream_t stream, A... args) {
+  if (cl > 8) {  // 16 is a non-portable cluster size: the kernel must opt in
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e != cudaSuccess) return (int)e;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)blocks, 1, 1);
+  cfg.blockDim = dim3((unsigned)threads, 1, 1);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)cl;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return (int)cudaLaunchKernelEx(&cfg, kernel, args...);
+}
 """
 
 

@@ -504,24 +504,8 @@ template <int THREADS, int VEC, int UNROLL>
 inline int kf_gn_cluster_launch(const TI* x, const TI* w, const TI* b, TO* y, int64_t groups, int64_t ge,
                                 int64_t chunk, int64_t hw, int64_t cg, int64_t G, float eps, int cl,
                                 cudaStream_t stream) {
-  if (cl > 8) {  // 16 is a non-portable cluster size: the kernel must opt in
-    cudaError_t e = cudaFuncSetAttribute(kf_gn_cluster<THREADS, VEC, UNROLL>,
-                                         cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (e != cudaSuccess) return (int)e;
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)(groups * cl), 1, 1);
-  cfg.blockDim = dim3(THREADS, 1, 1);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)cl;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return (int)cudaLaunchKernelEx(&cfg, kf_gn_cluster<THREADS, VEC, UNROLL>, x, w, b, y, ge, chunk, hw, cg, G, eps);
+  return kf_launch_cluster(kf_gn_cluster<THREADS, VEC, UNROLL>, groups * cl, THREADS, cl, stream,
+                           x, w, b, y, ge, chunk, hw, cg, G, eps);
 }
 """
 

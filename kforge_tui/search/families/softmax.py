@@ -480,24 +480,8 @@ __global__ void __launch_bounds__(THREADS) kf_softmax_cluster(const TI* __restri
 template <int THREADS, int VEC, int UNROLL, bool LOG>
 inline int kf_softmax_cluster_launch(const TI* x, TO* y, int64_t rows, int64_t n, int64_t chunk, int cl,
                                      cudaStream_t stream) {
-  if (cl > 8) {  // 16 is a non-portable cluster size: the kernel must opt in
-    cudaError_t e = cudaFuncSetAttribute(kf_softmax_cluster<THREADS, VEC, UNROLL, LOG>,
-                                         cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (e != cudaSuccess) return (int)e;
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)(rows * cl), 1, 1);
-  cfg.blockDim = dim3(THREADS, 1, 1);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)cl;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return (int)cudaLaunchKernelEx(&cfg, kf_softmax_cluster<THREADS, VEC, UNROLL, LOG>, x, y, n, chunk);
+  return kf_launch_cluster(kf_softmax_cluster<THREADS, VEC, UNROLL, LOG>, rows * cl, THREADS, cl, stream,
+                           x, y, n, chunk);
 }
 """
 
