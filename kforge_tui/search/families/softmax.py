@@ -38,8 +38,26 @@ def _vec16(task: Task) -> int:
     return 16 // ELEM_BYTES[task.dtype]
 
 
-_CUDA_BLOCK = r"""
+_CUDA_SOFTMAX_COMMON = r"""
 __device__ __forceinline__ float kf_exp(float v) { return expf(v); }
+// Second half of every row softmax: y = exp(x - m) / s (or x - m - log s) over [lo, hi).
+template <int VEC, bool LOG>
+__device__ __forceinline__ void kf_softmax_write(const TI* xr, TO* yr, int64_t lo, int64_t hi,
+                                                 int64_t step, float m, float inv, float ls) {
+  for (int64_t bs = lo + (int64_t)threadIdx.x * VEC; bs < hi; bs += step) {
+    kf_pack<TI, VEC> p = kf_load<TI, VEC>(xr + bs);
+    kf_pack<TO, VEC> o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float d = kf_f(p.v[j]) - m;
+      o.v[j] = kf_to<TO>(LOG ? d - ls : kf_exp(d) * inv);
+    }
+    kf_store<TO, VEC>(yr + bs, o);
+  }
+}
+"""
+
+_CUDA_BLOCK = r"""
 
 template <int THREADS, int VEC, int ITEMS, bool ONLINE, bool LOG>
 __global__ void __launch_bounds__(THREADS) kf_softmax_block(const TI* __restrict__ x, TO* __restrict__ y,
@@ -109,16 +127,7 @@ __global__ void __launch_bounds__(THREADS) kf_softmax_block(const TI* __restrict
         s = kf_block_sum<NW>(s, sh);
       }
       const float inv = 1.f / s, ls = logf(s);
-      for (int64_t base = (int64_t)threadIdx.x * VEC; base < n; base += (int64_t)THREADS * VEC) {
-        kf_pack<TI, VEC> p = kf_load<TI, VEC>(xr + base);
-        kf_pack<TO, VEC> o;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float d = kf_f(p.v[j]) - m;
-          o.v[j] = kf_to<TO>(LOG ? d - ls : kf_exp(d) * inv);
-        }
-        kf_store<TO, VEC>(yr + base, o);
-      }
+      kf_softmax_write<VEC, LOG>(xr, yr, 0, n, (int64_t)THREADS * VEC, m, inv, ls);
     }
   }
 }
@@ -170,7 +179,7 @@ def _block_render(task: Task, p: dict) -> str:
     body = fill(_CUDA_BLOCK_LAUNCH, VEC=p["vec"], THREADS=p["threads"], ITEMS=items,
                 CAP=(items * p["threads"] * p["vec"]) if items else "INT64_MAX",
                 ONLINE="true" if p["mode"] == "online" else "false", LOG=_log(task))
-    return cuda_head(task) + _CUDA_BLOCK + entry(task, "cuda", body)
+    return cuda_head(task) + _CUDA_SOFTMAX_COMMON + _CUDA_BLOCK + entry(task, "cuda", body)
 
 
 register(Family("block_row", OPS, "cuda",
@@ -181,7 +190,6 @@ register(Family("block_row", OPS, "cuda",
 
 
 _CUDA_WARP = r"""
-__device__ __forceinline__ float kf_exp(float v) { return expf(v); }
 
 template <int WARPS, int LANES, int VEC, int ITEMS, bool LOG>
 __global__ void __launch_bounds__(WARPS * 32) kf_softmax_warp(const TI* __restrict__ x, TO* __restrict__ y,
@@ -265,7 +273,7 @@ def _warp_render(task: Task, p: dict) -> str:
     items = cdiv(n, p["lanes"] * p["vec"])
     body = fill(_CUDA_WARP_LAUNCH, WARPS=p["warps"], LANES=p["lanes"], VEC=p["vec"], ITEMS=items,
                 ITEMS1=cdiv(n, p["lanes"]), CAP=items * p["lanes"] * p["vec"], LOG=_log(task))
-    return cuda_head(task) + _CUDA_WARP + entry(task, "cuda", body)
+    return cuda_head(task) + _CUDA_SOFTMAX_COMMON + _CUDA_WARP + entry(task, "cuda", body)
 
 
 register(Family("warp_row", OPS, "cuda",
@@ -275,7 +283,6 @@ register(Family("warp_row", OPS, "cuda",
 
 
 _CUDA_SPLIT = r"""
-__device__ __forceinline__ float kf_exp(float v) { return expf(v); }
 
 // Phase 1: block (c, row) reduces chunk c of its row to an online (max, sum) pair.
 template <int THREADS, int VEC>
@@ -324,16 +331,7 @@ __global__ void __launch_bounds__(THREADS) kf_softmax_apply(const TI* __restrict
   const float inv = 1.f / s, ls = logf(s);
   const TI* xr = x + row * n;
   TO* yr = y + row * n;
-  for (int64_t base = lo + (int64_t)threadIdx.x * VEC; base < hi; base += (int64_t)THREADS * VEC) {
-    kf_pack<TI, VEC> p = kf_load<TI, VEC>(xr + base);
-    kf_pack<TO, VEC> o;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float d = kf_f(p.v[j]) - m;
-      o.v[j] = kf_to<TO>(LOG ? d - ls : kf_exp(d) * inv);
-    }
-    kf_store<TO, VEC>(yr + base, o);
-  }
+  kf_softmax_write<VEC, LOG>(xr, yr, lo, hi, (int64_t)THREADS * VEC, m, inv, ls);
 }
 """
 
@@ -380,7 +378,7 @@ def _split_valid(task: Task, p: dict) -> bool:
 
 def _split_render(task: Task, p: dict) -> str:
     body = fill(_CUDA_SPLIT_LAUNCH, CHUNKS=p["chunks"], VEC=p["vec"], THREADS=p["threads"], LOG=_log(task))
-    return cuda_head(task) + _CUDA_SPLIT + entry(task, "cuda", body)
+    return cuda_head(task) + _CUDA_SOFTMAX_COMMON + _CUDA_SPLIT + entry(task, "cuda", body)
 
 
 register(Family("split_row", OPS, "cuda",
@@ -393,7 +391,6 @@ register(Family("split_row", OPS, "cuda",
 _CUDA_CLUSTER = r"""
 #include <cooperative_groups.h>
 namespace kf_cg = cooperative_groups;
-__device__ __forceinline__ float kf_exp(float v) { return expf(v); }
 
 // Online (max, sum) merge: the pair with the larger max keeps its sum, the other is rescaled.
 __device__ __forceinline__ void kf_ms_merge(float& m, float& s, float om, float os) {
@@ -465,16 +462,7 @@ __global__ void __launch_bounds__(THREADS) kf_softmax_cluster(const TI* __restri
   cl.sync();  // no CTA leaves (freeing its shared memory) while a peer may still read it
   const float inv = 1.f / s, ls = logf(s);
   TO* yr = y + row * n;
-  for (int64_t bs = lo + (int64_t)threadIdx.x * VEC; bs < hi; bs += STEP) {
-    kf_pack<TI, VEC> p = kf_load<TI, VEC>(xr + bs);
-    kf_pack<TO, VEC> o;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float d = kf_f(p.v[j]) - m;
-      o.v[j] = kf_to<TO>(LOG ? d - ls : kf_exp(d) * inv);
-    }
-    kf_store<TO, VEC>(yr + bs, o);
-  }
+  kf_softmax_write<VEC, LOG>(xr, yr, lo, hi, STEP, m, inv, ls);
 }
 
 template <int THREADS, int VEC, int UNROLL, bool LOG>
@@ -523,7 +511,7 @@ def _cluster_valid(task: Task, p: dict) -> bool:
 def _cluster_render(task: Task, p: dict) -> str:
     body = fill(_CUDA_CLUSTER_LAUNCH, CLUSTER=p["cluster"], VEC=p["vec"], THREADS=p["threads"],
                 UNROLL=p["unroll"], LOG=_log(task))
-    return cuda_head(task) + _CUDA_CLUSTER + entry(task, "cuda", body)
+    return cuda_head(task) + _CUDA_SOFTMAX_COMMON + _CUDA_CLUSTER + entry(task, "cuda", body)
 
 
 register(Family("cluster_row", OPS, "cuda",
@@ -534,7 +522,6 @@ register(Family("cluster_row", OPS, "cuda",
 
 
 _CUDA_COLS = r"""
-__device__ __forceinline__ float kf_exp(float v) { return expf(v); }
 
 template <int THREADS, bool LOG>
 __global__ void __launch_bounds__(THREADS) kf_softmax_cols(const TI* __restrict__ x, TO* __restrict__ y,
@@ -570,7 +557,7 @@ _CUDA_COLS_LAUNCH = r"""
 
 def _cols_render(task: Task, p: dict) -> str:
     body = fill(_CUDA_COLS_LAUNCH, THREADS=p["threads"], LOG=_log(task))
-    return cuda_head(task) + _CUDA_COLS + entry(task, "cuda", body)
+    return cuda_head(task) + _CUDA_SOFTMAX_COMMON + _CUDA_COLS + entry(task, "cuda", body)
 
 
 register(Family("cols", OPS, "cuda", {"threads": (64, 128, 256, 512)},
