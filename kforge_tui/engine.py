@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from kforge_tui import events as ev
-from kforge_tui.errors import UsageError, WorkFailed
+from kforge_tui.errors import UsageError
 from kforge_tui.search.proposers.base import NodeView, Proposal, ProposalContext
 from kforge_tui.task import Task
 
@@ -108,7 +108,6 @@ class Engine:
         self._paused_all = False
         self._stop = False
         self._slots: asyncio.Semaphore | None = None
-        self._t0 = time.time()
         self._llm_totals = {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
         self._serve_wake: asyncio.Event | None = None
 
@@ -635,10 +634,6 @@ class Engine:
         self._stop = True
         self._wake()
 
-    @property
-    def elapsed(self) -> float:
-        return time.time() - self._t0
-
 
 # --------------------------------------------------------------------- helpers
 
@@ -706,4 +701,4 @@ def _cache_dir() -> Path:
     return p
 
 
-__all__ = ["Engine", "OptimizeSettings", "settings_for_resume", "WorkFailed"]
+__all__ = ["Engine", "OptimizeSettings", "settings_for_resume"]

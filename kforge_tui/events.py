@@ -1,6 +1,6 @@
 """Typed engine events: the one stream both the TUI and the headless reporter consume.
 
-The engine emits these through an `EventSink` callback; the TUI wraps each in a Textual
+The engine emits these through an `EventCallback`; the TUI wraps each in a Textual
 message, the headless reporter prints progress, and `StoreFollower` (store.py) synthesises the
 same events by polling a run store written by another process. Plain dataclasses, no UI imports.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
 
 @dataclass
@@ -123,10 +123,6 @@ class LogLine(Event):
 @dataclass
 class RunFinished(Event):
     summary: dict  # {"tasks": [...], "end_to_end": {...} | None}
-
-
-class EventSink(Protocol):
-    def __call__(self, event: Event) -> None: ...
 
 
 EventCallback = Callable[[Event], None]
