@@ -94,9 +94,12 @@ def inputs_for(task, gen):
 # Overrides of a family's default that the first H200 run suggested (notes in bench/NOTES.md);
 # a point is tried wherever it is valid for the case, never by case name.
 EXTRA = {
-    "block_row": [{"threads": 128}],
-    "rows_vec": [{"unroll": 4}, {"unroll": 1}, {"threads": 256, "unroll": 4}],
-    "cluster_group": [{"cluster": 16}, {"unroll": 4}, {"threads": 512}, {"threads": 1024, "cluster": 16}],
+    "block_row": [{"threads": 128}, {"minb": 6}, {"minb": 5}, {"minb": 5, "wpre": 1}, {"threads": 128, "minb": 12},
+                  {"threads": 128, "minb": 10}],
+    "rows_vec": [{"unroll": 4}, {"hint": "l2pf"}, {"hint": "l2pf", "unroll": 4}, {"hint": "l2pf", "threads": 256},
+                 {"hint": "l2pf", "unroll": 1}],
+    "cluster_group": [{"cluster": 8, "threads": 512, "keep": 32}, {"cluster": 8, "threads": 512, "unroll": 4},
+                      {"cluster": 4, "threads": 512, "unroll": 4}, {"cluster": 4, "threads": 1024, "unroll": 4}],
     "cluster_row": [{"cluster": 8}, {"threads": 512}, {"unroll": 4}],
     "two_phase": [{"splits": 64}, {"threads": 512}],
 }
@@ -139,13 +142,19 @@ def compile_one(src: str, workdir: Path, name: str) -> tuple[str | None, str]:
     return (str(so) if r.returncode == 0 else None), r.stderr[-600:]
 
 
-def time_fn(fn, reps: int, flush: torch.Tensor) -> float:
+def time_fn(fn, reps: int, flush: torch.Tensor, mode: str = "zero") -> float:
+    """Median of `reps` event-timed calls, L2 flushed before each: `zero` writes the flush buffer
+    (as do_bench and the sandbox do: L2 is left full of dirty lines that the timed call's
+    misses must write back), `read` sums it (L2 left full of clean lines)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
     ts = []
     for _ in range(reps):
-        flush.zero_()
+        if mode == "read":
+            flush.sum()
+        else:
+            flush.zero_()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         fn()
@@ -198,12 +207,14 @@ def main() -> int:
     ap.add_argument("--points", type=int, default=4)
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--extra", action="store_true", help="also time the EXTRA points")
+    ap.add_argument("--read-flush", action="store_true",
+                    help="also time eager and each point with a read-only L2 flush (column 'rflush')")
     a = ap.parse_args()
     t0 = time.time()
     flush = torch.empty(2**26, dtype=torch.float32, device="cuda")  # 256 MiB > 60 MB L2
     bw = copy_bandwidth(flush)
     print(f"# {torch.cuda.get_device_name()}  copy bandwidth {bw:.0f} GB/s  torch {torch.__version__}", flush=True)
-    cases = [(n, f()) for n, f in CASES if a.only in n]
+    cases = [(n, f()) for n, f in CASES if any(o in n for o in a.only.split(","))]
     work = Path(tempfile.mkdtemp(prefix="kforge_fam_"))
     jobs = []  # (case index, family, params, source)
     for ci, (_, task) in enumerate(cases):
@@ -221,6 +232,9 @@ def main() -> int:
         floor_b, note = catalogue.bytes_moved(task)
         floor = floor_b / (bw * 1e9) * 1e6
         eager = time_fn(lambda: catalogue.reference(task, inp), a.reps, flush)
+        if a.read_flush:
+            re_ = time_fn(lambda: catalogue.reference(task, inp), a.reps, flush, "read")
+            print(f"  {name}: eager {eager:8.1f} us, rflush {re_:8.1f} us", flush=True)
         comp = float("nan")
         if not a.no_compile:
             try:
@@ -255,7 +269,11 @@ def main() -> int:
                 print(f"  {name}: {label}: WRONG {err}", flush=True)
                 continue
             us = time_fn(call, a.reps, flush)
-            print(f"  {name}: {label}: {us:8.1f} us  ({us / floor:4.2f}x floor)", flush=True)
+            extra = ""
+            if a.read_flush:
+                ur = time_fn(call, a.reps, flush, "read")
+                extra = f"  rflush {ur:8.1f} us ({ur / floor:4.2f}x)"
+            print(f"  {name}: {label}: {us:8.1f} us  ({us / floor:4.2f}x floor){extra}", flush=True)
             if best is None or us < best[0]:
                 best = (us, label)
         rows.append((name, floor, note, eager, comp, lig, best))

@@ -367,3 +367,54 @@ def test_cpu_half_conversions_are_exact(tmp_path):
         finite = ~torch.isnan(expect)
         assert torch.equal(back[finite], bits[finite]), dtype
         assert torch.equal(rounded, src.to(TD[dtype]).view(torch.int16)), dtype
+
+
+# ---------------------------------------------------------------- every option of every cuda family
+
+
+def _one_step_points(task, fam):
+    """The default and every valid one-parameter change of it (what the proposer's set: moves reach)."""
+    d = fam.default(task)
+    out = [d]
+    for k, values in fam.space.items():
+        for v in values:
+            q = {**d, k: v}
+            if q != d and fam.valid(task, q):
+                out.append(q)
+    return out
+
+
+def test_every_cuda_option_renders_and_passes_the_static_check():
+    """Each value of each parameter, one step from the default, on the bf16 cases: the search may
+    propose any of them, so each must be a kernel the sandbox accepts."""
+    n = 0
+    for task in cases("cuda", "bfloat16"):
+        for fam in families_for(task):
+            for p in _one_step_points(task, fam):
+                src = fam.render(task, p)
+                assert static_ok(src, task) is None, (fam.name, p)
+                assert "static " not in src, (fam.name, p)
+                n += 1
+    assert n > 200
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_round3_options_compile(tmp_path):
+    """The options added in round 3 (bench/NOTES.md) compile with nvcc for sm_90: a cluster chunk
+    kept in shared memory, the persistent pipelined row kernel, a register cap, exact two-round
+    statistics, affine preloading and the streaming / L2-prefetch load hints."""
+    gn = make("group_norm", (1, 64, 64, 64), "bfloat16", "cuda", groups=8)
+    ln = make("layer_norm", (16, 768), "bfloat16", "cuda")
+    rms = make("rms_norm", (16, 512), "float16", "cuda", variant="gemma")
+    sm = make("silu_mul", (6, 130), "bfloat16", "cuda")
+    want = [(gn, "cluster_group", {"cluster": 2, "keep": 32}), (ln, "block_row", {"pipe": 1, "minb": 4}),
+            (ln, "block_row", {"stats": "two", "wpre": 1}), (rms, "warp_row", {"pipe": 1}),
+            (sm, "rows_vec", {"hint": "l2pf"}), (sm, "rows_vec", {"hint": "stream"})]
+    jobs = []
+    for task, name, over in want:
+        fam = next(f for f in families_for(task) if f.name == name)
+        p = {**fam.default(task), **over}
+        assert fam.valid(task, p), (name, p)
+        jobs.append((f"{name} {over}", task, fam, p))
+    fails = compile_many(jobs, tmp_path)
+    assert not fails, "\n\n".join(fails)

@@ -168,11 +168,53 @@ class _Clock:
     def start(self):
         return time.perf_counter_ns()
 
-    def stop(self, tok):
+    def end(self, tok):
         return (time.perf_counter_ns() - tok) / 1e3
+
+    def elapsed(self, tok):
+        return tok
 
     def timing_method(self, k):
         return f"test clock, {k} sets"
+
+
+class _DeferredClock(_Clock):
+    """Like a device: end() only records a marker, elapsed() is the wait; logs the order."""
+
+    def __init__(self):
+        self.log = []
+
+    def end(self, tok):
+        self.log.append("call")
+        return ["marker", super().end(tok)]
+
+    def elapsed(self, tok):
+        self.log.append("wait")
+        return tok[1]
+
+
+def test_only_checked_calls_wait_so_launch_cost_overlaps():
+    """Unchecked timed calls do not wait for their end marker inside the loop (the host runs
+    ahead, as in do_bench); checked ones wait before their output is read; every call is timed."""
+    task = softmax_task(shape=(64, 256))
+    sets = sets_for(task)
+    clock = _DeferredClock()
+    t, mm = bench.time_calls(clock, lambda s: catalogue.reference(task, s.tensors()), sets,
+                             {"min_iters": 12, "max_iters": 12, "warmup": 2})
+    assert mm is None and t.n == 12
+    loop = clock.log[4:]  # after the two waited warm-up calls
+    assert clock.log[:4] == ["call", "wait", "call", "wait"]
+    assert loop[:12] == ["call"] * 12 and loop[12:] == ["wait"] * 12
+    clock = _DeferredClock()
+    t, mm = bench.time_calls(clock, honest(task), sets, {"min_iters": 12, "max_iters": 12,
+                             "warmup": 0, "random_checks": 0.0}, check_dtype="float32")
+    k = len(sets)
+    assert mm is None and t.n == 12
+    # first and last rotation checked (call, wait each); the middle calls wait at the end
+    assert clock.log[:2 * k] == ["call", "wait"] * k
+    middle = 12 - 2 * k
+    assert clock.log[2 * k:2 * k + middle] == ["call"] * middle
+    assert clock.log.count("wait") == 12
 
 
 def test_timed_output_is_checked_so_work_after_return_is_caught():

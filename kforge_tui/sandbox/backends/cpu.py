@@ -83,8 +83,15 @@ class CpuBackend:
     def start(self):
         return time.perf_counter_ns()
 
-    def stop(self, tok) -> float:
+    def end(self, tok) -> float:
+        """Calls are synchronous on the cpu: the time is known at once."""
         return (time.perf_counter_ns() - tok) / 1e3
+
+    def elapsed(self, tok: float) -> float:
+        return tok
+
+    def stop(self, tok) -> float:
+        return self.elapsed(self.end(tok))
 
     def timing_method(self, sets: int) -> str:
         return (f"wall clock (perf_counter_ns), {self.flush_bytes // 2**20} MiB cache flush, "

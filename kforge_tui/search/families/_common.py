@@ -54,6 +54,39 @@ template <typename T, int V> __device__ __forceinline__ kf_pack<T, V> kf_load(co
 template <typename T, int V> __device__ __forceinline__ void kf_store(T* p, const kf_pack<T, V>& v) {
   *reinterpret_cast<kf_pack<T, V>*>(p) = v;
 }
+// Streaming (evict-first, .cs) twins for data touched once: they leave L2 to what is re-read and
+// do not push the next call's lines out early. Packs of 4, 8 or 16 bytes; others load plainly.
+template <typename T, int V> __device__ __forceinline__ kf_pack<T, V> kf_load_cs(const T* p) {
+  constexpr int B = (int)sizeof(T) * V;
+  kf_pack<T, V> r;
+  if constexpr (B == 16) { const int4 u = __ldcs(reinterpret_cast<const int4*>(p)); memcpy(&r, &u, B); }
+  else if constexpr (B == 8) { const int2 u = __ldcs(reinterpret_cast<const int2*>(p)); memcpy(&r, &u, B); }
+  else if constexpr (B == 4) { const int u = __ldcs(reinterpret_cast<const int*>(p)); memcpy(&r, &u, B); }
+  else r = kf_load<T, V>(p);
+  return r;
+}
+// 16-byte read-only loads that ask L2 to fetch the whole 256-byte block around them (PTX
+// .L2::256B, sm_80+): fewer, larger DRAM requests for streams read once. Other sizes load plainly.
+template <typename T, int V> __device__ __forceinline__ kf_pack<T, V> kf_load_pf(const T* p) {
+  constexpr int B = (int)sizeof(T) * V;
+  kf_pack<T, V> r;
+  if constexpr (B == 16) {
+    unsigned u[4];
+    asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(u[0]), "=r"(u[1]), "=r"(u[2]), "=r"(u[3]) : "l"(p));
+    memcpy(&r, u, B);
+  } else {
+    r = kf_load<T, V>(p);
+  }
+  return r;
+}
+template <typename T, int V> __device__ __forceinline__ void kf_store_cs(T* p, const kf_pack<T, V>& v) {
+  constexpr int B = (int)sizeof(T) * V;
+  if constexpr (B == 16) { int4 u; memcpy(&u, &v, B); __stcs(reinterpret_cast<int4*>(p), u); }
+  else if constexpr (B == 8) { int2 u; memcpy(&u, &v, B); __stcs(reinterpret_cast<int2*>(p), u); }
+  else if constexpr (B == 4) { int u; memcpy(&u, &v, B); __stcs(reinterpret_cast<int*>(p), u); }
+  else kf_store<T, V>(p, v);
+}
 
 __device__ __forceinline__ float kf_warp_sum(float v, int width) {
   for (int o = width / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -81,18 +114,23 @@ template <int NW> __device__ __forceinline__ float kf_block_max(float v, float* 
   return kf_warp_max(r, 32);
 }
 inline bool kf_aligned(const void* p, int bytes) { return ((uintptr_t)p % (uintptr_t)bytes) == 0; }
-// Launch `kernel` as 1-D clusters of `cl` CTAs (sm_90): blocks CTAs of `threads` threads.
+// Launch `kernel` as 1-D clusters of `cl` CTAs (sm_90): blocks CTAs of `threads` threads, each
+// with `smem` bytes of dynamic shared memory.
 template <typename... P, typename... A>
-inline int kf_launch_cluster(void (*kernel)(P...), int64_t blocks, int threads, int cl,
+inline int kf_launch_cluster(void (*kernel)(P...), int64_t blocks, int threads, int cl, size_t smem,
                              cudaStream_t stream, A... args) {
   if (cl > 8) {  // 16 is a non-portable cluster size: the kernel must opt in
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e != cudaSuccess) return (int)e;
   }
+  if (smem > 48 * 1024) {  // above the default carve-out the kernel must opt in too
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return (int)e;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)blocks, 1, 1);
   cfg.blockDim = dim3((unsigned)threads, 1, 1);
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;

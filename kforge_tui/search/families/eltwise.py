@@ -71,15 +71,31 @@ def _uses_exp(task: Task) -> bool:
     return task.op in ("silu", "silu_mul") or (task.op == "gelu" and task.params.get("approximate") == "tanh")
 
 
+def _cs(p: dict) -> str:
+    """Load/store hint as the kernels' HINT template argument: 0 none, 1 stream (evict-first
+    loads and stores), 2 L2 256-byte prefetch on loads."""
+    return str({"stream": 1, "l2pf": 2}.get(p.get("hint"), 0))
+
+
+_CUDA_LD = r"""
+template <int HINT, typename T, int V> __device__ __forceinline__ kf_pack<T, V> kf_ld(const T* p) {
+  if constexpr (HINT == 1) return kf_load_cs<T, V>(p);
+  else if constexpr (HINT == 2) return kf_load_pf<T, V>(p);
+  else return kf_load<T, V>(p);
+}
+"""
+
 _CUDA_FLAT = r"""
-template <int THREADS, int VEC, int UNROLL>
+// HINT 1: streaming (evict-first) loads and stores (every byte is touched once); 2: loads that
+// prefetch their 256-byte L2 block.
+template <int THREADS, int VEC, int UNROLL, int HINT = 0>
 __global__ void __launch_bounds__(THREADS) kf_elt(const TI* __restrict__ x, TO* __restrict__ y, int64_t npack) {
   const int64_t i0 = (int64_t)blockIdx.x * THREADS * UNROLL + threadIdx.x;
   kf_pack<TI, VEC> p[UNROLL];
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
     const int64_t i = i0 + (int64_t)u * THREADS;
-    if (i < npack) p[u] = kf_load<TI, VEC>(x + i * VEC);
+    if (i < npack) p[u] = kf_ld<HINT, TI, VEC>(x + i * VEC);
   }
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
@@ -88,7 +104,8 @@ __global__ void __launch_bounds__(THREADS) kf_elt(const TI* __restrict__ x, TO* 
       kf_pack<TO, VEC> o;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) o.v[j] = kf_to<TO>(kf_op(kf_f(p[u].v[j])));
-      kf_store<TO, VEC>(y + i * VEC, o);
+      if (HINT == 1) kf_store_cs<TO, VEC>(y + i * VEC, o);
+      else kf_store<TO, VEC>(y + i * VEC, o);
     }
   }
 }
@@ -102,7 +119,7 @@ _CUDA_FLAT_LAUNCH = r"""
   const int64_t blocks = (npack + per - 1) / per;
   if (blocks > 2147483647) return -1;
   if (npack > 0) {
-    if (fast) kf_elt<@THREADS@, @VEC@, @UNROLL@><<<(unsigned)blocks, @THREADS@, 0, stream>>>(x, y, npack);
+    if (fast) kf_elt<@THREADS@, @VEC@, @UNROLL@, @CS@><<<(unsigned)blocks, @THREADS@, 0, stream>>>(x, y, npack);
     else kf_elt<@THREADS@, 1, @UNROLL@><<<(unsigned)blocks, @THREADS@, 0, stream>>>(x, y, npack);
   }
   const int64_t tail = numel - npack * vec;
@@ -114,7 +131,7 @@ _CUDA_FLAT_LAUNCH = r"""
 def _flat_default(task: Task) -> dict:
     vec = 16 // max(ELEM_BYTES[task.dtype], ELEM_BYTES[task.output.dtype])
     n = task.inputs[0].numel
-    return {"threads": 256, "vec": vec, "unroll": 2 if n >= 256 * vec * 2 * 132 * 8 else 1}
+    return {"threads": 256, "vec": vec, "unroll": 2 if n >= 256 * vec * 2 * 132 * 8 else 1, "hint": "none"}
 
 
 def _flat_valid(task: Task, p: dict) -> bool:
@@ -122,18 +139,20 @@ def _flat_valid(task: Task, p: dict) -> bool:
 
 
 def _flat_render(task: Task, p: dict) -> str:
-    body = fill(_CUDA_FLAT_LAUNCH, THREADS=p["threads"], VEC=p["vec"], UNROLL=p["unroll"])
-    return cuda_head(task) + _fn_cuda(task) + _CUDA_FLAT + entry(task, "cuda", body)
+    body = fill(_CUDA_FLAT_LAUNCH, THREADS=p["threads"], VEC=p["vec"], UNROLL=p["unroll"], CS=_cs(p))
+    return cuda_head(task) + _fn_cuda(task) + _CUDA_LD + _CUDA_FLAT + entry(task, "cuda", body)
 
 
 register(Family("vec_grid", FLAT_OPS, "cuda",
-                {"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8, 16), "unroll": (1, 2, 4)},
+                {"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8, 16), "unroll": (1, 2, 4),
+                 "hint": ("none", "stream", "l2pf")},
                 _flat_default, _flat_valid, _flat_render,
-                doc="16-byte packs, `unroll` packs in flight per thread, scalar tail"))
+                doc="16-byte packs, `unroll` packs in flight per thread, scalar tail; `hint` "
+                    "stream = evict-first loads and stores, l2pf = 256-byte L2 prefetch"))
 
 
 _CUDA_ROWS = r"""
-template <int THREADS, int VEC, int UNROLL>
+template <int THREADS, int VEC, int UNROLL, int HINT = 0>
 __global__ void __launch_bounds__(THREADS) kf_silu_mul(const TI* __restrict__ a, int64_t sa, const TI* __restrict__ b,
     int64_t sb, TO* __restrict__ y, int64_t rows, int64_t cols) {
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -145,7 +164,10 @@ __global__ void __launch_bounds__(THREADS) kf_silu_mul(const TI* __restrict__ a,
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int64_t c = c0 + (int64_t)u * THREADS * VEC;
-      if (c < cols) { pa[u] = kf_load<TI, VEC>(ar + c); pb[u] = kf_load<TI, VEC>(br + c); }
+      if (c < cols) {
+        pa[u] = kf_ld<HINT, TI, VEC>(ar + c);
+        pb[u] = kf_ld<HINT, TI, VEC>(br + c);
+      }
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -157,7 +179,8 @@ __global__ void __launch_bounds__(THREADS) kf_silu_mul(const TI* __restrict__ a,
           const float s = kf_f(kf_to<TI>(kf_op(kf_f(pa[u].v[j]))));
           o.v[j] = kf_to<TO>(s * kf_f(pb[u].v[j]));
         }
-        kf_store<TO, VEC>(yr + c, o);
+        if (HINT == 1) kf_store_cs<TO, VEC>(yr + c, o);
+        else kf_store<TO, VEC>(yr + c, o);
       }
     }
   }
@@ -172,7 +195,7 @@ _CUDA_ROWS_LAUNCH = r"""
   const int vec = fast ? @VEC@ : 1;
   const int64_t per = (int64_t)@THREADS@ * @UNROLL@ * vec;
   const dim3 grid((unsigned)((cols + per - 1) / per), (unsigned)(rows < 65535 ? rows : 65535));
-  if (fast) kf_silu_mul<@THREADS@, @VEC@, @UNROLL@><<<grid, @THREADS@, 0, stream>>>(a, a_row_stride, b, b_row_stride, y, rows, cols);
+  if (fast) kf_silu_mul<@THREADS@, @VEC@, @UNROLL@, @CS@><<<grid, @THREADS@, 0, stream>>>(a, a_row_stride, b, b_row_stride, y, rows, cols);
   else kf_silu_mul<@THREADS@, 1, @UNROLL@><<<grid, @THREADS@, 0, stream>>>(a, a_row_stride, b, b_row_stride, y, rows, cols);
   return (int)cudaGetLastError();
 """
@@ -189,7 +212,8 @@ def _rows_default(task: Task) -> dict:
     while threads > 32 and threads * vec > cols:
         threads //= 2
     unroll = 2 if cols >= threads * vec * 2 else 1
-    return {"threads": threads if threads in (64, 128, 256, 512, 1024) else 64, "vec": vec, "unroll": unroll}
+    return {"threads": threads if threads in (64, 128, 256, 512, 1024) else 64, "vec": vec, "unroll": unroll,
+            "hint": "none"}
 
 
 def _rows_valid(task: Task, p: dict) -> bool:
@@ -197,15 +221,17 @@ def _rows_valid(task: Task, p: dict) -> bool:
 
 
 def _rows_render(task: Task, p: dict) -> str:
-    body = fill(_CUDA_ROWS_LAUNCH, THREADS=p["threads"], VEC=p["vec"], UNROLL=p["unroll"])
+    body = fill(_CUDA_ROWS_LAUNCH, THREADS=p["threads"], VEC=p["vec"], UNROLL=p["unroll"], CS=_cs(p))
     fn = _fn_cuda(replace(task, op="silu"))
-    return cuda_head(task) + fn + _CUDA_ROWS + entry(task, "cuda", body)
+    return cuda_head(task) + fn + _CUDA_LD + _CUDA_ROWS + entry(task, "cuda", body)
 
 
 register(Family("rows_vec", ("silu_mul",), "cuda",
-                {"threads": (64, 128, 256, 512, 1024), "vec": (1, 2, 4, 8, 16), "unroll": (1, 2, 4)},
+                {"threads": (64, 128, 256, 512, 1024), "vec": (1, 2, 4, 8, 16), "unroll": (1, 2, 4),
+                 "hint": ("none", "stream", "l2pf")},
                 _rows_default, _rows_valid, _rows_render,
-                doc="2-D grid over (column packs, rows), strided rows, 16-byte packs"))
+                doc="2-D grid over (column packs, rows), strided rows, 16-byte packs; `hint` stream = "
+                    "evict-first loads and stores, l2pf = 256-byte L2 prefetch"))
 
 
 # ------------------------------------------------------------------------------- CPU

@@ -21,7 +21,9 @@ from kforge_tui.task import Task
 from kforge_tui.workload import catalogue
 
 ROW_OPS = ("layer_norm", "rms_norm")
-MAX_REG_VALUES = 64
+# Bytes of row a thread may hold in registers (as loaded: 64 f32 or 128 bf16/f16 values) before
+# spills cost more than a re-read.
+MAX_REG_BYTES = 256
 KIND = {"layer_norm": 0, "rms_norm": 1, "group_norm": 2}
 
 
@@ -73,20 +75,55 @@ template <int THREADS, int ROWT> __device__ __forceinline__ float2 kf_row_sum2(f
 }
 
 // KIND 0 layer_norm, 1 rms_norm, 2 group_norm (a row is one (n, group); affine per channel).
-template <int THREADS, int ROWT, int VEC, int ITEMS, int KIND, bool ROUND2>
-__global__ void __launch_bounds__(THREADS) kf_norm(const TI* __restrict__ x, const TI* __restrict__ w,
+// WPRE (row in registers, layer/rms only): the thread's weight/bias packs are loaded once, before
+// the first row's x, so their latency is off the path between the reduction and the write.
+// TWOR (row in registers, layer/group): exact two-round statistics (mean, then the centred sum
+// of squares from registers) instead of one round of shifted sums: one more barrier round.
+// PIPE (row in registers): a persistent grid (as many blocks as fit) walks its rows loading the
+// next row while it reduces and writes the current one: twice the bytes in flight per block.
+// MINB: blocks per SM the compiler must fit (caps registers; 1 = no cap beyond THREADS).
+template <int THREADS, int ROWT, int VEC, int ITEMS, int KIND, bool ROUND2, bool WPRE, bool TWOR, bool PIPE,
+          int MINB = 1>
+__global__ void __launch_bounds__(THREADS, MINB) kf_norm(const TI* __restrict__ x, const TI* __restrict__ w,
     const TI* __restrict__ b, TO* __restrict__ y, int64_t rows, int64_t n, float eps, float woff,
     int64_t hw, int64_t cg, int64_t G) {
   __shared__ float sh[64];
   constexpr int RPB = THREADS / ROWT;
+  constexpr bool PRE = WPRE && ITEMS > 0 && KIND != 2;
   const int g = threadIdx.x / ROWT, lane = threadIdx.x % ROWT;
+  kf_pack<TI, VEC> wp[PRE ? ITEMS : 1], bp[PRE ? ITEMS : 1];
+  if constexpr (PRE) {
+#pragma unroll
+    for (int it = 0; it < ITEMS; ++it) {
+      const int64_t base = ((int64_t)it * ROWT + lane) * VEC;
+      if (base < n) {
+        if (w) wp[it] = kf_load<TI, VEC>(w + base);
+        if (b) bp[it] = kf_load<TI, VEC>(b + base);
+      }
+    }
+  }
+  constexpr bool PIPE_ON = PIPE && ITEMS > 0;
+  // The row is kept as loaded (raw packs: half the registers of floats for 16-bit types) and
+  // converted where it is used.
+  kf_pack<TI, VEC> v[ITEMS > 0 ? ITEMS : 1], vn[PIPE_ON ? ITEMS : 1];
+  auto load_row = [&](int64_t r, kf_pack<TI, VEC>* dst) {
+    if (r >= rows) return;
+    const TI* xp = x + r * n;
+#pragma unroll
+    for (int it = 0; it < ITEMS; ++it) {
+      const int64_t base = ((int64_t)it * ROWT + lane) * VEC;
+      if (base < n) dst[it] = kf_load<TI, VEC>(xp + base);
+    }
+  };
+  if constexpr (PIPE_ON) load_row((int64_t)blockIdx.x * RPB + g, v);
   for (int64_t row0 = (int64_t)blockIdx.x * RPB; row0 < rows; row0 += (int64_t)gridDim.x * RPB) {
     const int64_t row = row0 + g;
     const bool live = row < rows;
     const TI* xr = x + (live ? row : 0) * n;
     float mean = 0.f, rstd;
-    float v[ITEMS > 0 ? ITEMS * VEC : 1];
     if constexpr (ITEMS > 0) {
+      if constexpr (PIPE_ON) load_row(row + (int64_t)gridDim.x * RPB, vn);  // next row, in flight now
+      else load_row(row, v);
       // Mean and variance from one reduction of shifted sums (shift K = the row's first element,
       // so E[d^2] - E[d]^2 does not cancel when |mean| >> std): one barrier round, not two.
       const float K = (KIND != 1 && live) ? kf_f(xr[0]) : 0.f;
@@ -95,20 +132,27 @@ __global__ void __launch_bounds__(THREADS) kf_norm(const TI* __restrict__ x, con
       for (int it = 0; it < ITEMS; ++it) {
         const int64_t base = ((int64_t)it * ROWT + lane) * VEC;
         if (live && base < n) {
-          kf_pack<TI, VEC> p = kf_load<TI, VEC>(xr + base);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            v[it * VEC + j] = kf_f(p.v[j]);
-            const float d = v[it * VEC + j] - K;
+            const float d = kf_f(v[it].v[j]) - K;
             s += d;
             q += d * d;
           }
-        } else {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) v[it * VEC + j] = 0.f;
         }
       }
-      if constexpr (KIND != 1) {
+      if constexpr (KIND != 1 && TWOR) {
+        mean = K + kf_row_sum<THREADS, ROWT>(s, sh) / (float)n;
+        float c = 0.f;
+#pragma unroll
+        for (int it = 0; it < ITEMS; ++it) {
+          const int64_t base = ((int64_t)it * ROWT + lane) * VEC;
+          if (live && base < n) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) { const float d = kf_f(v[it].v[j]) - mean; c += d * d; }
+          }
+        }
+        rstd = rsqrtf(kf_row_sum<THREADS, ROWT>(c, sh) / (float)n + eps);
+      } else if constexpr (KIND != 1) {
         const float2 t = kf_row_sum2<THREADS, ROWT>(s, q, sh);
         const float ms = t.x / (float)n;
         mean = K + ms;
@@ -136,9 +180,12 @@ __global__ void __launch_bounds__(THREADS) kf_norm(const TI* __restrict__ x, con
     if (!live) continue;
     TO* yr = y + row * n;
     const int64_t cbase = (KIND == 2) ? (row % G) * cg : 0;
-    auto emit = [&](int64_t base, const float* xv) {
+    auto emit = [&](int64_t base, const kf_pack<TI, VEC>& xp, int it) {
       float wv[VEC], bv[VEC];
-      if constexpr (KIND == 2) {
+      if constexpr (PRE) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) { wv[j] = w ? kf_f(wp[it].v[j]) : 1.f; bv[j] = b ? kf_f(bp[it].v[j]) : 0.f; }
+      } else if constexpr (KIND == 2) {
         const int64_t c = cbase + base / hw;
         const float wc = w ? kf_f(w[c]) : 1.f, bc = b ? kf_f(b[c]) : 0.f;
 #pragma unroll
@@ -156,11 +203,11 @@ __global__ void __launch_bounds__(THREADS) kf_norm(const TI* __restrict__ x, con
       for (int j = 0; j < VEC; ++j) {
         float r;
         if constexpr (KIND == 1) {
-          const float h = xv[j] * rstd;
+          const float h = kf_f(xp.v[j]) * rstd;
           if (ROUND2) r = w ? wv[j] * kf_f(kf_to<TO>(h)) : h;
           else r = w ? h * (wv[j] + woff) : h;
         } else {
-          r = (xv[j] - mean) * rstd;
+          r = (kf_f(xp.v[j]) - mean) * rstd;
           if (w) r *= wv[j];
           if (b) r += bv[j];
         }
@@ -172,15 +219,15 @@ __global__ void __launch_bounds__(THREADS) kf_norm(const TI* __restrict__ x, con
 #pragma unroll
       for (int it = 0; it < ITEMS; ++it) {
         const int64_t base = ((int64_t)it * ROWT + lane) * VEC;
-        if (base < n) emit(base, &v[it * VEC]);
+        if (base < n) emit(base, v[it], it);
+      }
+      if constexpr (PIPE_ON) {
+#pragma unroll
+        for (int it = 0; it < ITEMS; ++it) v[it] = vn[it];
       }
     } else {
       for (int64_t base = (int64_t)lane * VEC; base < n; base += (int64_t)ROWT * VEC) {
-        kf_pack<TI, VEC> p = kf_load<TI, VEC>(xr + base);
-        float xv[VEC];
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) xv[j] = kf_f(p.v[j]);
-        emit(base, xv);
+        emit(base, kf_load<TI, VEC>(xr + base), 0);
       }
     }
   }
@@ -192,19 +239,29 @@ _CUDA_NORM_LAUNCH = r"""
   const int64_t kr = @ROWS@, nn = @N@;
   const int64_t rpb = @THREADS@ / @ROWT@;
   const int64_t blocks = (kr + rpb - 1) / rpb;
-  const unsigned grid = (unsigned)(blocks < 2147483647 ? blocks : 2147483647);
+  unsigned grid = (unsigned)(blocks < 2147483647 ? blocks : 2147483647);
   const bool fast = (@UNIT@ % @VEC@ == 0) && nn <= (int64_t)@CAP@ && kf_aligned(x, @VEC@ * sizeof(TI)) &&
                     kf_aligned(y, @VEC@ * sizeof(TO)) && (!@W@ || kf_aligned(@W@, @VEC@ * sizeof(TI))) &&
                     (!@B@ || kf_aligned(@B@, @VEC@ * sizeof(TI)));
-  if (fast) kf_norm<@THREADS@, @ROWT@, @VEC@, @ITEMS@, @KIND@, @ROUND2@><<<grid, @THREADS@, 0, stream>>>(
+  if (fast && @PIPE@) {  // persistent: as many blocks as are resident at once (no state kept between calls)
+    int dev = 0, sms = 0, occ = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &occ, kf_norm<@THREADS@, @ROWT@, @VEC@, @ITEMS@, @KIND@, @ROUND2@, @WPRE@, @TWOR@, @PIPE@, @MINB@>, @THREADS@, 0);
+    const int64_t resident = (sms > 0 && occ > 0) ? (int64_t)sms * occ : 1024;
+    if ((int64_t)grid > resident) grid = (unsigned)resident;
+  }
+  if (fast) kf_norm<@THREADS@, @ROWT@, @VEC@, @ITEMS@, @KIND@, @ROUND2@, @WPRE@, @TWOR@, @PIPE@, @MINB@><<<grid, @THREADS@, 0, stream>>>(
       x, @W@, @B@, y, kr, nn, eps, @WOFF@, @HW@, @CG@, @G@);
-  else kf_norm<@THREADS@, @ROWT@, 1, 0, @KIND@, @ROUND2@><<<grid, @THREADS@, 0, stream>>>(
+  else kf_norm<@THREADS@, @ROWT@, 1, 0, @KIND@, @ROUND2@, false, false, false><<<grid, @THREADS@, 0, stream>>>(
       x, @W@, @B@, y, kr, nn, eps, @WOFF@, @HW@, @CG@, @G@);
   return (int)cudaGetLastError();
 """
 
 
-def _norm_launch(task: Task, threads: int, rowt: int, vec: int, items: int) -> str:
+def _norm_launch(task: Task, threads: int, rowt: int, vec: int, items: int, wpre: bool = False,
+                 twor: bool = False, pipe: bool = False, minb: int = 1) -> str:
     op = task.op
     if op == "group_norm":
         names = dict(ROWS="(N * G)", N="(C / G * HxW)", UNIT="HxW", W="weight", B="bias", WOFF="0.f",
@@ -217,13 +274,16 @@ def _norm_launch(task: Task, threads: int, rowt: int, vec: int, items: int) -> s
                      WOFF="weight_offset", HW="1", CG="1", G="1")
     return fill(_CUDA_NORM_LAUNCH, THREADS=threads, ROWT=rowt, VEC=vec, ITEMS=items,
                 CAP=(items * rowt * vec) if items else "INT64_MAX", KIND=KIND[op],
-                ROUND2=_round2(task), **names)
+                ROUND2=_round2(task), WPRE="true" if wpre else "false",
+                TWOR="true" if twor else "false", PIPE="true" if pipe else "false", MINB=minb, **names)
 
 
-def _norm_source(task: Task, threads: int, rowt: int, vec: int, cache: bool) -> str:
+def _norm_source(task: Task, threads: int, rowt: int, vec: int, cache: bool, wpre: bool = False,
+                 twor: bool = False, pipe: bool = False, minb: int = 1) -> str:
     _, n = _rows_n(task)
     items = cdiv(n, rowt * vec) if cache else 0
-    return cuda_head(task) + _CUDA_NORM + entry(task, "cuda", _norm_launch(task, threads, rowt, vec, items))
+    launch = _norm_launch(task, threads, rowt, vec, items, wpre, twor, pipe, minb)
+    return cuda_head(task) + _CUDA_NORM + entry(task, "cuda", launch)
 
 
 # --- block_row (layer/rms) and block_group (group_norm): one block per row/group
@@ -239,6 +299,8 @@ def _block_default(task: Task) -> dict:
     p = {"threads": threads, "vec": vec, "cache": "regs"}
     if not _block_valid(task, p):
         p["cache"] = "none"
+    if task.op in ROW_OPS:
+        p.update(wpre=0, stats="one", pipe=0, minb=1)
     return p
 
 
@@ -246,16 +308,31 @@ def _block_valid(task: Task, p: dict) -> bool:
     _, n = _rows_n(task)
     if _unit(task) % p["vec"] or p["vec"] * ELEM_BYTES[task.dtype] > 32:
         return False
-    return p["cache"] == "none" or cdiv(n, p["threads"] * p["vec"]) * p["vec"] <= MAX_REG_VALUES
+    if p.get("stats") == "two" and (task.op != "layer_norm" or p["cache"] != "regs"):
+        return False  # rms_norm has one sum; without the row in registers there is no second pass
+    if (p.get("wpre") or p.get("pipe")) and p["cache"] != "regs":
+        return False
+    if p.get("minb", 1) * p["threads"] > 2048:  # more threads than an SM holds
+        return False
+    held = 2 if p.get("pipe") else 1  # the next row is in registers too
+    return p["cache"] == "none" or \
+        cdiv(n, p["threads"] * p["vec"]) * p["vec"] * ELEM_BYTES[task.dtype] * held <= MAX_REG_BYTES
 
 
 def _block_render(task: Task, p: dict) -> str:
-    return _norm_source(task, p["threads"], p["threads"], p["vec"], p["cache"] == "regs")
+    return _norm_source(task, p["threads"], p["threads"], p["vec"], p["cache"] == "regs",
+                        bool(p.get("wpre")), p.get("stats") == "two", bool(p.get("pipe")), p.get("minb", 1))
 
 
 _BLOCK_SPACE = {"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8, 16), "cache": ("none", "regs")}
-register(Family("block_row", ROW_OPS, "cuda", _BLOCK_SPACE, _block_default, _block_valid, _block_render,
-                doc="one block per row, row in registers, f32 stats, fused affine"))
+register(Family("block_row", ROW_OPS, "cuda",
+                {**_BLOCK_SPACE, "wpre": (0, 1), "stats": ("one", "two"), "pipe": (0, 1),
+                 "minb": (1, 4, 5, 6, 8, 12, 16)},
+                _block_default, _block_valid, _block_render,
+                doc="one block per row, row in registers, f32 stats, fused affine; `wpre` loads the "
+                    "affine before the row, `stats` one round of shifted sums or two exact rounds, "
+                    "`pipe` a persistent grid loading the next row during this one, `minb` blocks per "
+                    "SM the compiler must fit"))
 register(Family("block_group", ("group_norm",), "cuda", _BLOCK_SPACE, _block_default, _block_valid,
                 _block_render, doc="one block per (n, group); group in registers when it fits"))
 
@@ -268,24 +345,26 @@ def _warp_default(task: Task) -> dict:
     for ln in (32, 16, 8, 4):
         if n <= ln * vec * 2:
             lanes = ln
-    return {"warps": 4, "lanes": lanes, "vec": vec}
+    return {"warps": 4, "lanes": lanes, "vec": vec, "pipe": 0}
 
 
 def _warp_valid(task: Task, p: dict) -> bool:
     _, n = _rows_n(task)
     if _unit(task) % p["vec"] or p["vec"] * ELEM_BYTES[task.dtype] > 32:
         return False
-    return cdiv(n, p["lanes"] * p["vec"]) * p["vec"] <= MAX_REG_VALUES
+    held = 2 if p.get("pipe") else 1  # the next row is in registers too
+    return cdiv(n, p["lanes"] * p["vec"]) * p["vec"] * ELEM_BYTES[task.dtype] * held <= MAX_REG_BYTES
 
 
 def _warp_render(task: Task, p: dict) -> str:
-    return _norm_source(task, p["warps"] * 32, p["lanes"], p["vec"], True)
+    return _norm_source(task, p["warps"] * 32, p["lanes"], p["vec"], True, pipe=bool(p.get("pipe")))
 
 
 register(Family("warp_row", ROW_OPS + ("group_norm",), "cuda",
-                {"warps": (1, 2, 4, 8, 16), "lanes": (4, 8, 16, 32), "vec": (1, 2, 4, 8, 16)},
+                {"warps": (1, 2, 4, 8, 16), "lanes": (4, 8, 16, 32), "vec": (1, 2, 4, 8, 16), "pipe": (0, 1)},
                 _warp_default, _warp_valid, _warp_render,
-                doc="a warp (or `lanes` threads) per row, row in registers"))
+                doc="a warp (or `lanes` threads) per row, row in registers; `pipe` a persistent grid "
+                    "loading the next row during this one"))
 
 
 # --- group_norm two_phase
@@ -429,9 +508,11 @@ template <int NW> __device__ __forceinline__ float2 kf_block_sum2(float s, float
 
 // Cluster rank r of group ng reduces its chunk to shifted (sum, sumsq) (shift = the group's first
 // element, the same in every CTA, so partials add exactly), the cluster combines the partials
-// through distributed shared memory, and each CTA normalises its own chunk, re-reading what it
-// has just read (L1/L2-resident for chunks of a few hundred KB: DRAM sees x once).
-template <int THREADS, int VEC, int UNROLL>
+// through distributed shared memory, and each CTA normalises its own chunk. The first KEEPK
+// sweeps of the chunk are kept in dynamic shared memory as they are read (each thread keeps the
+// packs it will write, so no barrier is needed between keep and use); the rest is re-read,
+// L2-resident for chunks of a few hundred KB, so DRAM sees most of x once.
+template <int THREADS, int VEC, int UNROLL, int KEEPK>
 __global__ void __launch_bounds__(THREADS) kf_gn_cluster(const TI* __restrict__ x, const TI* __restrict__ w,
     const TI* __restrict__ b, TO* __restrict__ y, int64_t ge, int64_t chunk, int64_t hw, int64_t cg, int64_t G,
     float eps) {
@@ -439,6 +520,8 @@ __global__ void __launch_bounds__(THREADS) kf_gn_cluster(const TI* __restrict__ 
   __shared__ float2 sh[32];
   __shared__ float2 part;
   __shared__ float stat[2];
+  extern __shared__ __align__(16) unsigned char kf_keep_raw[];
+  kf_pack<TI, VEC>* keep = reinterpret_cast<kf_pack<TI, VEC>*>(kf_keep_raw);
   kf_cg::cluster_group cl = kf_cg::this_cluster();
   const int csize = (int)cl.num_blocks(), rank = (int)cl.block_rank();
   const int64_t ng = blockIdx.x / csize;
@@ -448,18 +531,21 @@ __global__ void __launch_bounds__(THREADS) kf_gn_cluster(const TI* __restrict__ 
   float s = 0.f, q = 0.f;
   constexpr int64_t STEP = (int64_t)THREADS * VEC;
   int64_t base = lo + (int64_t)threadIdx.x * VEC;
-  for (; base + (UNROLL - 1) * STEP < hi; base += UNROLL * STEP) {
+  int k = 0;  // sweep index of `base` within the chunk
+  for (; base + (UNROLL - 1) * STEP < hi; base += UNROLL * STEP, k += UNROLL) {
     kf_pack<TI, VEC> p[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) p[u] = kf_load<TI, VEC>(xg + base + u * STEP);
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
+      if (k + u < KEEPK) keep[(k + u) * THREADS + threadIdx.x] = p[u];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) { const float d = kf_f(p[u].v[j]) - K; s += d; q += d * d; }
     }
   }
-  for (; base < hi; base += STEP) {
+  for (; base < hi; base += STEP, ++k) {
     kf_pack<TI, VEC> p = kf_load<TI, VEC>(xg + base);
+    if (k < KEEPK) keep[k * THREADS + threadIdx.x] = p;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) { const float d = kf_f(p.v[j]) - K; s += d; q += d * d; }
   }
@@ -484,15 +570,16 @@ __global__ void __launch_bounds__(THREADS) kf_gn_cluster(const TI* __restrict__ 
   const float mean = stat[0], rstd = stat[1];
   const int64_t cbase = (ng % G) * cg;
   TO* yg = y + ng * ge;
-  // Backwards: when the chunk is too big to stay in L1/L2, what this CTA read last is the part
-  // most likely still cached.
-  for (int64_t row0 = lo + (hi - 1 - lo) / STEP * STEP; row0 >= lo; row0 -= STEP) {
+  // Backwards: what this CTA read last is the part most likely still in L2, and the kept
+  // sweeps (the first ones) come last, when the re-read ones have been issued.
+  int kk = (int)((hi - 1 - lo) / STEP);
+  for (int64_t row0 = lo + (int64_t)kk * STEP; row0 >= lo; row0 -= STEP, --kk) {
     const int64_t bs = row0 + (int64_t)threadIdx.x * VEC;
     if (bs >= hi) continue;
     const int64_t c = cbase + bs / hw;
     const float a = rstd * (w ? kf_f(w[c]) : 1.f);
     const float bb = (b ? kf_f(b[c]) : 0.f) - mean * a;
-    kf_pack<TI, VEC> p = kf_load<TI, VEC>(xg + bs);
+    const kf_pack<TI, VEC> p = kk < KEEPK ? keep[kk * THREADS + threadIdx.x] : kf_load<TI, VEC>(xg + bs);
     kf_pack<TO, VEC> o;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) o.v[j] = kf_to<TO>(kf_f(p.v[j]) * a + bb);
@@ -500,11 +587,12 @@ __global__ void __launch_bounds__(THREADS) kf_gn_cluster(const TI* __restrict__ 
   }
 }
 
-template <int THREADS, int VEC, int UNROLL>
+template <int THREADS, int VEC, int UNROLL, int KEEPK>
 inline int kf_gn_cluster_launch(const TI* x, const TI* w, const TI* b, TO* y, int64_t groups, int64_t ge,
                                 int64_t chunk, int64_t hw, int64_t cg, int64_t G, float eps, int cl,
                                 cudaStream_t stream) {
-  return kf_launch_cluster(kf_gn_cluster<THREADS, VEC, UNROLL>, groups * cl, THREADS, cl, stream,
+  const size_t smem = (size_t)KEEPK * THREADS * sizeof(kf_pack<TI, VEC>);
+  return kf_launch_cluster(kf_gn_cluster<THREADS, VEC, UNROLL, KEEPK>, groups * cl, THREADS, cl, smem, stream,
                            x, w, b, y, ge, chunk, hw, cg, G, eps);
 }
 """
@@ -517,17 +605,34 @@ _CUDA_GNC_LAUNCH = r"""
   int rc;
   if ((HxW % @VEC@ == 0) && kf_aligned(x, @VEC@ * sizeof(TI)) && kf_aligned(y, @VEC@ * sizeof(TO))) {
     const int64_t chunk = ((ge + CL - 1) / CL + @VEC@ - 1) / @VEC@ * @VEC@;
-    rc = kf_gn_cluster_launch<@THREADS@, @VEC@, @UNROLL@>(x, weight, bias, y, groups, ge, chunk, HxW, C / G, G, eps, (int)CL, stream);
+    rc = kf_gn_cluster_launch<@THREADS@, @VEC@, @UNROLL@, @KEEPK@>(x, weight, bias, y, groups, ge, chunk, HxW, C / G, G, eps, (int)CL, stream);
   } else {
     const int64_t chunk = (ge + CL - 1) / CL;
-    rc = kf_gn_cluster_launch<@THREADS@, 1, 1>(x, weight, bias, y, groups, ge, chunk, HxW, C / G, G, eps, (int)CL, stream);
+    rc = kf_gn_cluster_launch<@THREADS@, 1, 1, 0>(x, weight, bias, y, groups, ge, chunk, HxW, C / G, G, eps, (int)CL, stream);
   }
   return rc ? rc : (int)cudaGetLastError();
 """
 
 
+# On-chip room for kept sweeps: an sm_90 block may have 227 KB of dynamic shared memory; 1 KB
+# stays free for the kernel's static shared memory.
+MAX_KEEP_KB = 226
+
+
+def _gnc_chunk(task: Task, p: dict) -> int:
+    _, ge = _rows_n(task)
+    return cdiv(cdiv(ge, p["cluster"]), p["vec"]) * p["vec"]
+
+
+def _gnc_keepk(task: Task, p: dict) -> int:
+    """Sweeps (THREADS x VEC elements each) of a CTA's chunk kept in shared memory."""
+    sweep = p["threads"] * p["vec"]
+    return min(p["keep"] * 1024 // (sweep * ELEM_BYTES[task.dtype]), cdiv(_gnc_chunk(task, p), sweep))
+
+
 def _gnc_default(task: Task) -> dict:
-    """Enough CTAs for >= one per SM (132 on an H100/H200) with the group split evenly."""
+    """Enough CTAs for >= one per SM (132 on an H100/H200) with the group split evenly; the whole
+    chunk kept on chip when two CTAs of it still fit on an SM (DRAM then reads x exactly once)."""
     groups, ge = _rows_n(task)
     vec = _vec16(task)
     cl = 1
@@ -535,25 +640,41 @@ def _gnc_default(task: Task) -> dict:
         if groups * cl < 132 and ge // c >= 1024 * vec:
             cl = c
     cl = max(cl, 2)
-    return {"cluster": cl, "threads": 1024 if ge // cl >= 1024 * vec * 8 else 512, "vec": vec, "unroll": 2}
+    threads = 1024 if ge // cl >= 1024 * vec * 8 else 512
+    if groups * ge * ELEM_BYTES[task.dtype] <= 40 * 2**20 and cl * threads > 4096:
+        # H200, measured (bench/probe_clusters.py): clusters of more than 4096 threads do not all fit
+        # at once (8 x 1024: 30 resident for 32 groups), so a small tensor would run in two waves
+        threads = 4096 // cl
+    p = {"cluster": cl, "threads": threads, "vec": vec, "unroll": 2, "keep": 0}
+    need_kb = cdiv(_gnc_chunk(task, p) * ELEM_BYTES[task.dtype], 1024)
+    for kb in _GNC_SPACE["keep"]:
+        if need_kb <= kb <= 112:
+            p["keep"] = kb
+            break
+    return p
 
 
 def _gnc_valid(task: Task, p: dict) -> bool:
     groups, ge = _rows_n(task)
     return (_unit(task) % p["vec"] == 0 and p["vec"] * ELEM_BYTES[task.dtype] <= 16
-            and ge // p["cluster"] >= p["threads"] * p["vec"] and groups * p["cluster"] < 2**31)
+            and ge // p["cluster"] >= p["threads"] * p["vec"] and groups * p["cluster"] < 2**31
+            and p["keep"] <= MAX_KEEP_KB
+            # a keep larger than the chunk is the same kernel as the smallest one that holds it
+            and (p["keep"] == 0 or _gnc_keepk(task, {**p, "keep": _GNC_SPACE["keep"][
+                _GNC_SPACE["keep"].index(p["keep"]) - 1]}) < _gnc_keepk(task, p)))
 
 
 def _gnc_render(task: Task, p: dict) -> str:
-    body = fill(_CUDA_GNC_LAUNCH, CLUSTER=p["cluster"], VEC=p["vec"], THREADS=p["threads"], UNROLL=p["unroll"])
+    body = fill(_CUDA_GNC_LAUNCH, CLUSTER=p["cluster"], VEC=p["vec"], THREADS=p["threads"], UNROLL=p["unroll"],
+                KEEPK=_gnc_keepk(task, p))
     return cuda_head(task) + _CUDA_GNC + entry(task, "cuda", body)
 
 
-register(Family("cluster_group", ("group_norm",), "cuda",
-                {"cluster": (2, 4, 8, 16), "threads": (256, 512, 1024), "vec": (1, 2, 4, 8),
-                 "unroll": (1, 2, 4)},
-                _gnc_default, _gnc_valid, _gnc_render,
-                doc="sm_90 thread-block cluster per group: DSMEM stats exchange, one launch, no scratch"))
+_GNC_SPACE = {"cluster": (2, 4, 8, 16), "threads": (256, 512, 1024), "vec": (1, 2, 4, 8),
+              "unroll": (1, 2, 4), "keep": (0, 32, 64, 96, 128, 160, 192, 224)}
+register(Family("cluster_group", ("group_norm",), "cuda", _GNC_SPACE, _gnc_default, _gnc_valid, _gnc_render,
+                doc="sm_90 thread-block cluster per group: DSMEM stats exchange, one launch, no scratch, "
+                    "`keep` KB of each CTA's chunk held in shared memory instead of re-read"))
 
 
 # ------------------------------------------------------------------------------- CPU

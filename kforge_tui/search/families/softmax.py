@@ -468,7 +468,7 @@ __global__ void __launch_bounds__(THREADS) kf_softmax_cluster(const TI* __restri
 template <int THREADS, int VEC, int UNROLL, bool LOG>
 inline int kf_softmax_cluster_launch(const TI* x, TO* y, int64_t rows, int64_t n, int64_t chunk, int cl,
                                      cudaStream_t stream) {
-  return kf_launch_cluster(kf_softmax_cluster<THREADS, VEC, UNROLL, LOG>, rows * cl, THREADS, cl, stream,
+  return kf_launch_cluster(kf_softmax_cluster<THREADS, VEC, UNROLL, LOG>, rows * cl, THREADS, cl, 0, stream,
                            x, y, n, chunk);
 }
 """

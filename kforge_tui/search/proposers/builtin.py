@@ -255,6 +255,12 @@ class BuiltinProposer:
             return 1.0
         if k == "cache":
             return 2.0 if v == "regs" else 0.5
+        if k == "keep":  # on-chip sweeps trade DRAM re-reads for CTAs per SM: both ways are live
+            return 1.5
+        if k == "pipe":  # latency-bound row kernels: the next row's loads overlap this row's work
+            return 2.0 if v else 0.7
+        if k in ("hint", "wpre"):  # small, cheap-to-try effects
+            return 1.2
         if k == "mode":
             return 1.5 if v == "online" else 0.7
         return 1.0

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# GPU calls of round 3 (2026-11-30; bench/NOTES.md round 3, bench/RESULTS.md). One step per call:
+#   bash bench/gpu_round3.sh families   # family points for GN / norms / silu*b, zero vs read-only L2 flush
+#   bash bench/gpu_round3.sh resnet     # issue 6: ResNet-50 with adaptive_avg_pool2d searched, then kforge apply
+#   bash bench/gpu_round3.sh probe      # cluster residency (cudaOccupancyMaxActiveClusters) per cluster_group point
+#   bash bench/gpu_round3.sh ncu        # Nsight Compute on the points bench/ncu_points.py lists
+#   bash bench/gpu_round3.sh zoo_a      # issue 7 search + kernel_quality on half the zoo (also zoo_b)
+#   bash bench/gpu_round3.sh solo CASE:OP [...]   # one case searched alone (full budget) + kernel_quality
+#   bash bench/gpu_round3.sh tests      # the GPU-marked tests
+# Steps can be chained in one call: bash bench/gpu_round3.sh probe ncu zoo_b
+set -u
+if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD; else export PYTHONPATH=$PWD; fi
+export KFORGE_CACHE=/tmp/kcache LITELLM_LOCAL_MODEL_COST_MAP=True PYTHONUNBUFFERED=1
+step() { echo "== $1 rc=$2 wall=$(( $(date +%s) - $3 ))s"; }
+while [ $# -gt 0 ]; do
+  s=$1; shift; t0=$(date +%s)
+  case $s in
+    families)
+      timeout ${FAM_LIMIT:-200} python3 bench/check_families_gpu.py --no-compile --extra --read-flush --points 3 \
+          --reps 30 --only "${FAM_ONLY:-group_norm,layer_norm,rms_norm,silu}" > $OUT/fam.log 2>&1
+      step families $? $t0; sed -n '/^case /,$p' $OUT/fam.log ;;
+    resnet)
+      KFORGE_SAMPLE_SIZE=gpu timeout 200 python3 -m kforge_tui optimize sample_models/resnet50.py --device cuda \
+          --headless --ops adaptive_avg_pool2d --budget 50 --run-dir runs_gpu/resnet50_pool > $OUT/resnet_opt.log 2>&1
+      step "resnet50 optimize" $? $t0; sed -n '/^run /,$p' $OUT/resnet_opt.log | head -12
+      cp runs_gpu/resnet50_pool/run.db $OUT/resnet50_pool.db 2>/dev/null; t0=$(date +%s)
+      KFORGE_SAMPLE_SIZE=gpu timeout 120 python3 -m kforge_tui apply runs_gpu/resnet50_pool sample_models/resnet50.py \
+          --device cuda --json > $OUT/apply_resnet50.json 2> $OUT/apply_resnet50.err
+      step "resnet50 apply" $? $t0; tail -3 $OUT/apply_resnet50.err ;;
+    probe)
+      timeout 60 python3 bench/probe_clusters.py > $OUT/probe.log 2>&1; step probe $? $t0; cat $OUT/probe.log ;;
+    ncu)
+      timeout 90 ncu --kernel-name regex:'kf_' --launch-count 12 \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread,launch__occupancy_limit_registers,launch__grid_size,launch__block_size \
+        python3 bench/ncu_points.py > $OUT/ncu.log 2>&1
+      step ncu $? $t0; grep -E "^\[|void kf_|gpu__time|dram__|hit_rate|warps_active|registers_per" $OUT/ncu.log | head -80 ;;
+    zoo|zoo_a|zoo_b)
+      ZOO=$s bash bench/gpu_quality.sh ;;
+    solo)
+      for c in "$@"; do
+        case=${c%%:*}; op=${c##*:}; t0=$(date +%s)
+        timeout ${LIMIT:-150} python3 -m kforge_tui optimize bench/cases.py:$case --device cuda --headless --ops $op \
+            --budget 50 --run-dir runs_gpu/$case --no-apply --no-compile-baseline > $OUT/$case.log 2>&1
+        step "$case optimize" $? $t0; cp runs_gpu/$case/run.db $OUT/$case.db 2>/dev/null
+        timeout 70 python3 bench/kernel_quality.py runs_gpu/$case --json $OUT/quality_$case.json > $OUT/quality_$case.log 2>&1
+        echo "quality rc=$?"; sed -n '/^op /,$p' $OUT/quality_$case.log
+      done
+      shift $# ;;
+    tests)
+      timeout 170 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cheats.py tests/test_faults.py \
+          tests/test_compile.py tests/test_integrate.py tests/test_capture.py tests/test_loader.py tests/test_profile.py \
+          > $OUT/gpu_tests.log 2>&1
+      step tests $? $t0; tail -3 $OUT/gpu_tests.log ;;
+    *) echo "unknown step $s"; exit 2 ;;
+  esac
+done
