@@ -88,6 +88,9 @@ def format_end_to_end(r: dict) -> str:
             spread = f", spread {r['eager_spread']:.0%} / {r['patched_spread']:.0%}"
         lines = [f"end to end: eager {r['eager_ms']:.3f} ms → patched {r['patched_ms']:.3f} ms "
                  f"({_fmt_x(r.get('speedup'))}{spread}); max abs err {r.get('max_abs_err', float('nan')):.3g} ({ok})"]
+        if r.get("noisy"):
+            lines.append(f"  noisy timing even after {r.get('iters')} pairs: read the speedup as rough; "
+                         "re-run `kforge apply RUN_DIR MODEL` on a quiet machine")
     for tid, n in used.items():
         lines.append(f"  kernel {tid}: {n} calls")
     falls = sorted((r.get("fallbacks") or {}).items(), key=lambda kv: -kv[1])
