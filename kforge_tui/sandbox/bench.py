@@ -72,6 +72,7 @@ def time_calls(backend, call: Callable[[InputSet], object], sets: list[InputSet]
     checked = check_dtype is not None
 
     def one(i: int, check: bool, wait: bool = False) -> tuple[object, Mismatch | None]:
+        """One call; returns its end token (read with backend.elapsed) and a checked mismatch."""
         s = sets[i % k]
         if checked:
             prepare_run(s, SENTINEL)
@@ -84,8 +85,9 @@ def time_calls(backend, call: Callable[[InputSet], object], sets: list[InputSet]
         if check or wait:
             # elapsed() waits for the end marker on the harness stream only: unfinished work
             # elsewhere shows as surviving poison here.
-            us = backend.elapsed(tok)
-            return us, check_run(s, check_dtype, SENTINEL, f"timed-run output ({s.name})") if check else None
+            backend.elapsed(tok)
+            if check:
+                return tok, check_run(s, check_dtype, SENTINEL, f"timed-run output ({s.name})")
         return tok, None
 
     t0 = time.perf_counter()
@@ -97,16 +99,14 @@ def time_calls(backend, call: Callable[[InputSet], object], sets: list[InputSet]
     kernel_s = max(per_call, 1e-6)
     n = int(min(cfg["max_iters"], max(cfg["min_iters"], cfg["budget_s"] / kernel_s)))
     n = max(n, 2 * k)
-    marks: list = []  # floats (waited) and end tokens (read once the loop is done)
+    marks: list = []  # end tokens, read once the loop is done (only checked calls waited)
     for i in range(n):
         check = checked and (i < k or i >= n - k or rng.random() < cfg["random_checks"])
-        got, mm = one(i, check)
+        tok, mm = one(i, check)
+        marks.append(tok)
         if mm:
-            done = [backend.elapsed(m) if not isinstance(m, float) else m for m in marks]
-            return summarise(done or [got], backend.timing_method(k)), mm
-        marks.append(got)
-    samples = [m if isinstance(m, float) else backend.elapsed(m) for m in marks]
-    return summarise(samples, backend.timing_method(k)), None
+            return summarise([backend.elapsed(m) for m in marks], backend.timing_method(k)), mm
+    return summarise([backend.elapsed(m) for m in marks], backend.timing_method(k)), None
 
 
 # ------------------------------------------------------------------------ roofline floor

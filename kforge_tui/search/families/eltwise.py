@@ -71,7 +71,7 @@ def _uses_exp(task: Task) -> bool:
     return task.op in ("silu", "silu_mul") or (task.op == "gelu" and task.params.get("approximate") == "tanh")
 
 
-def _cs(p: dict) -> str:
+def _hint(p: dict) -> str:
     """Load/store hint as the kernels' HINT template argument: 0 none, 1 stream (evict-first
     loads and stores), 2 L2 256-byte prefetch on loads."""
     return str({"stream": 1, "l2pf": 2}.get(p.get("hint"), 0))
@@ -119,7 +119,7 @@ _CUDA_FLAT_LAUNCH = r"""
   const int64_t blocks = (npack + per - 1) / per;
   if (blocks > 2147483647) return -1;
   if (npack > 0) {
-    if (fast) kf_elt<@THREADS@, @VEC@, @UNROLL@, @CS@><<<(unsigned)blocks, @THREADS@, 0, stream>>>(x, y, npack);
+    if (fast) kf_elt<@THREADS@, @VEC@, @UNROLL@, @HINT@><<<(unsigned)blocks, @THREADS@, 0, stream>>>(x, y, npack);
     else kf_elt<@THREADS@, 1, @UNROLL@><<<(unsigned)blocks, @THREADS@, 0, stream>>>(x, y, npack);
   }
   const int64_t tail = numel - npack * vec;
@@ -139,7 +139,7 @@ def _flat_valid(task: Task, p: dict) -> bool:
 
 
 def _flat_render(task: Task, p: dict) -> str:
-    body = fill(_CUDA_FLAT_LAUNCH, THREADS=p["threads"], VEC=p["vec"], UNROLL=p["unroll"], CS=_cs(p))
+    body = fill(_CUDA_FLAT_LAUNCH, THREADS=p["threads"], VEC=p["vec"], UNROLL=p["unroll"], HINT=_hint(p))
     return cuda_head(task) + _fn_cuda(task) + _CUDA_LD + _CUDA_FLAT + entry(task, "cuda", body)
 
 
@@ -195,7 +195,7 @@ _CUDA_ROWS_LAUNCH = r"""
   const int vec = fast ? @VEC@ : 1;
   const int64_t per = (int64_t)@THREADS@ * @UNROLL@ * vec;
   const dim3 grid((unsigned)((cols + per - 1) / per), (unsigned)(rows < 65535 ? rows : 65535));
-  if (fast) kf_silu_mul<@THREADS@, @VEC@, @UNROLL@, @CS@><<<grid, @THREADS@, 0, stream>>>(a, a_row_stride, b, b_row_stride, y, rows, cols);
+  if (fast) kf_silu_mul<@THREADS@, @VEC@, @UNROLL@, @HINT@><<<grid, @THREADS@, 0, stream>>>(a, a_row_stride, b, b_row_stride, y, rows, cols);
   else kf_silu_mul<@THREADS@, 1, @UNROLL@><<<grid, @THREADS@, 0, stream>>>(a, a_row_stride, b, b_row_stride, y, rows, cols);
   return (int)cudaGetLastError();
 """
@@ -221,7 +221,7 @@ def _rows_valid(task: Task, p: dict) -> bool:
 
 
 def _rows_render(task: Task, p: dict) -> str:
-    body = fill(_CUDA_ROWS_LAUNCH, THREADS=p["threads"], VEC=p["vec"], UNROLL=p["unroll"], CS=_cs(p))
+    body = fill(_CUDA_ROWS_LAUNCH, THREADS=p["threads"], VEC=p["vec"], UNROLL=p["unroll"], HINT=_hint(p))
     fn = _fn_cuda(replace(task, op="silu"))
     return cuda_head(task) + fn + _CUDA_LD + _CUDA_ROWS + entry(task, "cuda", body)
 

@@ -260,8 +260,8 @@ _CUDA_NORM_LAUNCH = r"""
 """
 
 
-def _norm_launch(task: Task, threads: int, rowt: int, vec: int, items: int, wpre: bool = False,
-                 twor: bool = False, pipe: bool = False, minb: int = 1) -> str:
+def _norm_launch(task: Task, threads: int, rowt: int, vec: int, items: int, p: dict) -> str:
+    """The launch code; `p` carries the kernel options (wpre, stats, pipe, minb; absent = off)."""
     op = task.op
     if op == "group_norm":
         names = dict(ROWS="(N * G)", N="(C / G * HxW)", UNIT="HxW", W="weight", B="bias", WOFF="0.f",
@@ -272,18 +272,17 @@ def _norm_launch(task: Task, threads: int, rowt: int, vec: int, items: int, wpre
     else:
         names = dict(ROWS="rows", N="n", UNIT="n", W="weight", B="(const TI*)nullptr",
                      WOFF="weight_offset", HW="1", CG="1", G="1")
+    flag = lambda on: "true" if on else "false"  # noqa: E731
     return fill(_CUDA_NORM_LAUNCH, THREADS=threads, ROWT=rowt, VEC=vec, ITEMS=items,
                 CAP=(items * rowt * vec) if items else "INT64_MAX", KIND=KIND[op],
-                ROUND2=_round2(task), WPRE="true" if wpre else "false",
-                TWOR="true" if twor else "false", PIPE="true" if pipe else "false", MINB=minb, **names)
+                ROUND2=_round2(task), WPRE=flag(p.get("wpre")), TWOR=flag(p.get("stats") == "two"),
+                PIPE=flag(p.get("pipe")), MINB=p.get("minb", 1), **names)
 
 
-def _norm_source(task: Task, threads: int, rowt: int, vec: int, cache: bool, wpre: bool = False,
-                 twor: bool = False, pipe: bool = False, minb: int = 1) -> str:
+def _norm_source(task: Task, threads: int, rowt: int, vec: int, cache: bool, p: dict) -> str:
     _, n = _rows_n(task)
     items = cdiv(n, rowt * vec) if cache else 0
-    launch = _norm_launch(task, threads, rowt, vec, items, wpre, twor, pipe, minb)
-    return cuda_head(task) + _CUDA_NORM + entry(task, "cuda", launch)
+    return cuda_head(task) + _CUDA_NORM + entry(task, "cuda", _norm_launch(task, threads, rowt, vec, items, p))
 
 
 # --- block_row (layer/rms) and block_group (group_norm): one block per row/group
@@ -320,8 +319,7 @@ def _block_valid(task: Task, p: dict) -> bool:
 
 
 def _block_render(task: Task, p: dict) -> str:
-    return _norm_source(task, p["threads"], p["threads"], p["vec"], p["cache"] == "regs",
-                        bool(p.get("wpre")), p.get("stats") == "two", bool(p.get("pipe")), p.get("minb", 1))
+    return _norm_source(task, p["threads"], p["threads"], p["vec"], p["cache"] == "regs", p)
 
 
 _BLOCK_SPACE = {"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8, 16), "cache": ("none", "regs")}
@@ -357,7 +355,7 @@ def _warp_valid(task: Task, p: dict) -> bool:
 
 
 def _warp_render(task: Task, p: dict) -> str:
-    return _norm_source(task, p["warps"] * 32, p["lanes"], p["vec"], True, pipe=bool(p.get("pipe")))
+    return _norm_source(task, p["warps"] * 32, p["lanes"], p["vec"], True, p)
 
 
 register(Family("warp_row", ROW_OPS + ("group_norm",), "cuda",
