@@ -33,7 +33,8 @@ def test_noisy_forwards_are_timed_again_up_to_the_limit():
     # eager and patched alternate, so a pattern of three durations lands on both sides unevenly
     eager, patched = e2e._time_interleaved(_Sleeper([2.0, 2.0, 12.0]), (None,), loader.Runtime([]), "cpu",
                                            iters=6, warmup=1)
-    assert len(eager) == len(patched) == 6 * e2e.NOISY_ROUNDS
+    assert len(eager) == len(patched) > 6  # timed again ...
+    assert len(eager) == 6 * e2e.NOISY_ROUNDS  # ... but not without end
     assert max(e2e._spread(eager), e2e._spread(patched)) > e2e.NOISY_SPREAD
 
 
