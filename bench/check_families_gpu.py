@@ -174,20 +174,9 @@ def copy_bandwidth(flush) -> float:
 def kernel_call(task, so, inp, y):
     fn = getattr(ctypes.CDLL(so), catalogue.ENTRY)
     fn.restype = ctypes.c_int
-    sizes = catalogue.scalar_args(task)
-    args = []
-    for p in catalogue.signature(task, "cuda").params:
-        if p.kind in ("in_ptr", "opt_ptr"):
-            t = inp.get(p.name)
-            args.append(ctypes.c_void_p(t.data_ptr() if t is not None else 0))
-        elif p.kind == "out_ptr":
-            args.append(ctypes.c_void_p(y.data_ptr()))
-        elif p.kind == "int64":
-            args.append(ctypes.c_int64(int(sizes[p.name])))
-        elif p.kind == "float":
-            args.append(ctypes.c_float(float(sizes[p.name])))
-        elif p.kind == "stream":
-            args.append(ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+    sig = catalogue.signature(task, "cuda")
+    fn.argtypes = sig.argtypes()
+    args = sig.call_args(inp, y, catalogue.scalar_args(task), torch.cuda.current_stream().cuda_stream)
     return lambda: fn(*args)
 
 

@@ -224,6 +224,8 @@ _CHILD = textwrap.dedent(r'''
         task = Task.from_json(spec["task"])
         fn = getattr(ctypes.CDLL(spec["so"]), catalogue.ENTRY)
         fn.restype = ctypes.c_int
+        sig = catalogue.signature(task)
+        fn.argtypes = sig.argtypes()
         sizes = catalogue.scalar_args(task)
         out = []
         for seed in range(spec["trials"]):
@@ -242,18 +244,7 @@ _CHILD = textwrap.dedent(r'''
             before = {k: (v.clone() if v is not None else None) for k, v in inputs.items()}
             ref = catalogue.reference(task, inputs)
             y = torch.full(task.output.shape, float("nan"), dtype=TD[task.output.dtype])
-            args = []
-            for p in catalogue.signature(task).params:
-                if p.kind in ("in_ptr", "opt_ptr"):
-                    t = inputs[p.name]
-                    args.append(ctypes.c_void_p(t.data_ptr() if t is not None else 0))
-                elif p.kind == "out_ptr":
-                    args.append(ctypes.c_void_p(y.data_ptr()))
-                elif p.kind == "int64":
-                    args.append(ctypes.c_int64(int(sizes[p.name])))
-                elif p.kind == "float":
-                    args.append(ctypes.c_float(float(sizes[p.name])))
-            rc = fn(*args)
+            rc = fn(*sig.call_args(inputs, y, sizes))
             rtol, atol = tolerance(task.output.dtype)
             e, gq = ref.float(), y.float()
             scale = e.abs().max().item() if e.numel() else 1.0

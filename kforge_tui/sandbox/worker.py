@@ -163,9 +163,7 @@ class Worker:
             return self._fail(res, "load_error", "load",
                               f"missing entry point {catalogue.ENTRY} (extern \"C\" needed)")
         fn.restype = ctypes.c_int
-        kinds = [p.kind for p in sig.params]
-        fn.argtypes = [ctypes.c_int64 if k == "int64" else ctypes.c_float if k == "float"
-                       else ctypes.c_void_p for k in kinds]
+        fn.argtypes = sig.argtypes()
         scalars = catalogue.scalar_args(task)
         stream = self.backend.stream_handle()
         arg_cache: dict[tuple, list] = {}
@@ -174,18 +172,8 @@ class Worker:
             key = (id(s.out), tuple(id(g) for g in s.inputs.values()))
             args = arg_cache.get(key)
             if args is None:
-                args = []
-                for p in sig.params:
-                    if p.kind in ("in_ptr", "opt_ptr"):
-                        g = s.inputs.get(p.name)
-                        args.append(g.tensor.data_ptr() if g is not None else None)
-                    elif p.kind == "out_ptr":
-                        args.append(s.out.tensor.data_ptr())
-                    elif p.kind == "stream":
-                        args.append(stream)
-                    else:
-                        args.append(scalars[p.name])
-                arg_cache[key] = args
+                tensors = {n: (g.tensor if g is not None else None) for n, g in s.inputs.items()}
+                args = arg_cache[key] = sig.call_args(tensors, s.out.tensor, scalars, stream)
             return fn(*args)
 
         stage_s["load"] = time.perf_counter() - t

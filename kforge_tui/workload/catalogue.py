@@ -76,6 +76,31 @@ class Signature:
     def prelude(self) -> str:
         return CUDA_PRELUDE if self.backend == "cuda" else CPU_PRELUDE
 
+    def argtypes(self) -> list:
+        """ctypes argument types of the entry point, in order (set as `fn.argtypes`)."""
+        import ctypes
+
+        return [ctypes.c_int64 if p.kind == "int64" else ctypes.c_float if p.kind == "float"
+                else ctypes.c_void_p for p in self.params]
+
+    def call_args(self, tensors: dict, out, scalars: dict, stream=None) -> list:
+        """The entry point's arguments for one call: data pointers of `tensors` (by name; None
+        for an absent optional input) and `out`, the scalars by name, then the stream handle.
+        Plain Python values, for a function whose `argtypes` are `self.argtypes()`. (The
+        integration runtime generates this instead: it runs without kforge and per call.)"""
+        args = []
+        for p in self.params:
+            if p.kind in ("in_ptr", "opt_ptr"):
+                t = tensors.get(p.name)
+                args.append(t.data_ptr() if t is not None else None)
+            elif p.kind == "out_ptr":
+                args.append(out.data_ptr())
+            elif p.kind == "stream":
+                args.append(stream)
+            else:
+                args.append(scalars[p.name])
+        return args
+
 
 @dataclass(frozen=True)
 class OpDef:
