@@ -38,6 +38,14 @@ def _vec16(task: Task) -> int:
     return 16 // ELEM_BYTES[task.dtype]
 
 
+def _row_vec(task: Task, n: int) -> int:
+    """The widest pack (at most 16 bytes) that divides a row of n elements."""
+    vec = _vec16(task)
+    while vec > 1 and n % vec:
+        vec //= 2
+    return vec
+
+
 _CUDA_SOFTMAX_COMMON = r"""
 __device__ __forceinline__ float kf_exp(float v) { return expf(v); }
 // Second half of every row softmax: y = exp(x - m) / s (or x - m - log s) over [lo, hi).
@@ -251,9 +259,7 @@ _CUDA_WARP_LAUNCH = r"""
 
 def _warp_default(task: Task) -> dict:
     _, n, _ = _dims(task)
-    vec = _vec16(task)
-    while vec > 1 and n % vec:
-        vec //= 2
+    vec = _row_vec(task, n)
     lanes = 32
     for ln in (32, 16, 8, 4):
         if n <= ln * vec * 2:
@@ -360,9 +366,7 @@ _CUDA_SPLIT_LAUNCH = r"""
 
 def _split_default(task: Task) -> dict:
     outer, n, _ = _dims(task)
-    vec = _vec16(task)
-    while vec > 1 and n % vec:
-        vec //= 2
+    vec = _row_vec(task, n)
     chunks = 2
     for c in (2, 4, 8, 16, 32, 64, 128):
         if outer * c <= 4 * 132 and n // c >= 512 * vec:
@@ -492,9 +496,7 @@ _CUDA_CLUSTER_LAUNCH = r"""
 def _cluster_default(task: Task) -> dict:
     """Split each row over a cluster so that rows x cluster gives about one CTA per SM (132)."""
     outer, n, _ = _dims(task)
-    vec = _vec16(task)
-    while vec > 1 and n % vec:
-        vec //= 2
+    vec = _row_vec(task, n)
     cl = 2
     for c in (4, 8, 16):
         if outer * c <= 132 and n // c >= 1024 * vec:
