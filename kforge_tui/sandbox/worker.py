@@ -21,6 +21,7 @@ import sys
 import time
 import traceback
 from collections import OrderedDict
+from dataclasses import dataclass
 
 
 def _protocol_stream():
@@ -30,16 +31,16 @@ def _protocol_stream():
     return os.fdopen(fd, "w", buffering=1)
 
 
+@dataclass
 class TaskState:
     """What a worker keeps per task between candidates."""
 
-    def __init__(self, task, sets, note: str, baseline: dict, floor: float | None, floor_note: str):
-        self.task = task
-        self.sets = sets
-        self.note = note
-        self.baseline = baseline
-        self.floor = floor
-        self.floor_note = floor_note
+    task: object
+    sets: list
+    note: str
+    baseline: dict
+    floor: float | None
+    floor_note: str
 
 
 class Worker:
