@@ -2,9 +2,8 @@
 # GPU call D: the hang fault case again (fixed test kernel), then `kforge apply` with the
 # higher-precision end-to-end verdict on the two runs the element-wise rule refused.
 set -u
-# wheels carried to an offline GPU machine (tree-sitter, liger-kernel, ...) when .whl/ exists
-if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD; else export PYTHONPATH=$PWD; fi
-export KFORGE_CACHE=/tmp/kcache LITELLM_LOCAL_MODEL_COST_MAP=True PYTHONUNBUFFERED=1 KFORGE_SAMPLE_SIZE=gpu
+source bench/gpu_env.sh
+export KFORGE_SAMPLE_SIZE=gpu
 timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_faults.py tests/test_cheats.py > $OUT/gpu_tests.log 2>&1
 echo "gpu tests rc=$?"; tail -3 $OUT/gpu_tests.log
 for m in qwen_moe sd35_vae; do

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # First call on a GPU machine: what is there, and does a plain extern "C" .cu load through ctypes?
 set -u
-# wheels carried to an offline GPU machine (tree-sitter, liger-kernel, ...) when .whl/ exists
-if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD; else export PYTHONPATH=$PWD; fi
+source bench/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 nvcc --version | tail -1; python3 --version
 python3 - <<'PY'

@@ -3,9 +3,7 @@
 # with the built-in proposer and the default budget, then bench/kernel_quality.py re-evaluates each
 # best kernel from the run store next to eager, torch.compile, Liger and the floor.
 set -u
-# wheels carried to an offline GPU machine (tree-sitter, liger-kernel, ...) when .whl/ exists
-if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD; else export PYTHONPATH=$PWD; fi
-export KFORGE_CACHE=/tmp/kcache LITELLM_LOCAL_MODEL_COST_MAP=True PYTHONUNBUFFERED=1
+source bench/gpu_env.sh
 # ZOO=zoo_a / zoo_b search half the cases (bench/cases.py); torch.compile is timed afterwards by
 # kernel_quality.py (in the pool's worker), so the search's one GPU worker is not held up by it.
 BUDGET=${BUDGET:-50}; LIMIT=${LIMIT:-420}; QLIMIT=${QLIMIT:-200}; ZOO=${ZOO:-zoo}

@@ -9,8 +9,7 @@
 #   bash bench/gpu_round3.sh tests      # the GPU-marked tests
 # Steps can be chained in one call: bash bench/gpu_round3.sh probe ncu zoo_b
 set -u
-if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD; else export PYTHONPATH=$PWD; fi
-export KFORGE_CACHE=/tmp/kcache LITELLM_LOCAL_MODEL_COST_MAP=True PYTHONUNBUFFERED=1
+source bench/gpu_env.sh
 step() { echo "== $1 rc=$2 wall=$(( $(date +%s) - $3 ))s"; }
 while [ $# -gt 0 ]; do
   s=$1; shift; t0=$(date +%s)

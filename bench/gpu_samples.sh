@@ -2,9 +2,8 @@
 # GPU: `kforge optimize` on sample models at GPU size (built-in proposer, default budget), which
 # ends with the end-to-end check of the patched model. Usage: bench/gpu_samples.sh MODEL... [-- extra flags]
 set -u
-# wheels carried to an offline GPU machine (tree-sitter, liger-kernel, ...) when .whl/ exists
-if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD; else export PYTHONPATH=$PWD; fi
-export KFORGE_CACHE=/tmp/kcache LITELLM_LOCAL_MODEL_COST_MAP=True PYTHONUNBUFFERED=1 KFORGE_SAMPLE_SIZE=gpu
+source bench/gpu_env.sh
+export KFORGE_SAMPLE_SIZE=gpu
 TOP=${TOP:-2}; BUDGET=${BUDGET:-50}; LIMIT=${LIMIT:-280}
 mkdir -p $OUT/runs
 for m in "$@"; do

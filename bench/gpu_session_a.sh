@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # GPU call A: the cuda sandbox tests, evaluation throughput, and a first look at the kernel families.
 set -u
-# wheels carried to an offline GPU machine (tree-sitter, liger-kernel, ...) when .whl/ exists
-if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD; else export PYTHONPATH=$PWD; fi
-export KFORGE_CACHE=/tmp/kcache LITELLM_LOCAL_MODEL_COST_MAP=True PYTHONUNBUFFERED=1
+source bench/gpu_env.sh
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,utilization.gpu --format=csv,noheader
 timeout 260 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cheats.py tests/test_faults.py tests/test_compile.py tests/test_integrate.py tests/test_pool.py tests/test_verify.py > $OUT/gpu_tests.log 2>&1
 echo "gpu tests rc=$?"; grep -E "passed|failed|FAILED|Error" $OUT/gpu_tests.log | tail -25
