@@ -139,8 +139,8 @@ class Zoo(nn.Module):
         return {name: self.parts[name](x) for name, x in xs.items()}
 
 
-def zoo():
-    m = Zoo()
+def _zoo(names=None):
+    m = Zoo(names)
     return m, dict(m.example)
 
 
@@ -149,11 +149,13 @@ ZOO_A = ["pool_resnet50", "group_norm_vae_512_f32", "group_norm_vae_512_bf16", "
          "group_norm_vae_256_bf16", "softmax_gemma_logits"]
 
 
+def zoo():
+    return _zoo()
+
+
 def zoo_a():
-    m = Zoo(ZOO_A)
-    return m, dict(m.example)
+    return _zoo(ZOO_A)
 
 
 def zoo_b():
-    m = Zoo([n for n in CASES if n not in ZOO_A])
-    return m, dict(m.example)
+    return _zoo([n for n in CASES if n not in ZOO_A])
