@@ -96,8 +96,8 @@ def inputs_for(task, gen):
 EXTRA = {
     "block_row": [{"threads": 128}, {"minb": 6}, {"minb": 5}, {"minb": 5, "wpre": 1}, {"threads": 128, "minb": 12},
                   {"threads": 128, "minb": 10}],
-    "rows_vec": [{"unroll": 4}, {"hint": "l2pf"}, {"hint": "l2pf", "unroll": 4}, {"hint": "l2pf", "threads": 256},
-                 {"hint": "l2pf", "unroll": 1}],
+    "rows_vec": [{"math": "fast"}, {"math": "fast", "unroll": 1}, {"math": "fast", "threads": 256},
+                 {"math": "fast", "unroll": 4}, {"math": "fast", "threads": 256, "unroll": 1}],
     "cluster_group": [{"cluster": 8, "threads": 512, "keep": 32}, {"cluster": 8, "threads": 512, "unroll": 4},
                       {"cluster": 4, "threads": 512, "unroll": 4}, {"cluster": 4, "threads": 1024, "unroll": 4}],
     "cluster_row": [{"cluster": 8}, {"threads": 512}, {"unroll": 4}],
@@ -180,6 +180,16 @@ def kernel_call(task, so, inp, y):
     return lambda: fn(*args)
 
 
+def checked_call(task, so, inp, ref):
+    """(call, None) for a compiled kernel whose first call matches the reference, else (None, why)."""
+    y = torch.full(task.output.shape, float("nan"), dtype=TD[task.output.dtype], device="cuda")
+    call = kernel_call(task, so, inp, y)
+    rc = call()
+    torch.cuda.synchronize()
+    err = f"rc={rc}" if rc else check(task, y, ref)
+    return (None, err) if err else (call, None)
+
+
 def check(task, out, ref) -> str | None:
     rtol, atol = tolerance(task.output.dtype)
     e, g = ref.float(), out.float()
@@ -203,7 +213,9 @@ def main() -> int:
     flush = torch.empty(2**26, dtype=torch.float32, device="cuda")  # 256 MiB > 60 MB L2
     bw = copy_bandwidth(flush)
     print(f"# {torch.cuda.get_device_name()}  copy bandwidth {bw:.0f} GB/s  torch {torch.__version__}", flush=True)
-    cases = [(n, f()) for n, f in CASES if any(o in n for o in a.only.split(","))]
+    # case names hold commas ("[1,512,128,128]"), so a filter with "|" is split on "|" only
+    only = a.only.split("|") if "|" in a.only else a.only.split(",")
+    cases = [(n, f()) for n, f in CASES if any(o in n for o in only)]
     work = Path(tempfile.mkdtemp(prefix="kforge_fam_"))
     jobs = []  # (case index, family, params, source)
     for ci, (_, task) in enumerate(cases):
@@ -249,11 +261,7 @@ def main() -> int:
             if so is None:
                 print(f"  {name}: {label}: COMPILE FAIL {log.splitlines()[0] if log else ''}", flush=True)
                 continue
-            y = torch.full(task.output.shape, float("nan"), dtype=TD[task.output.dtype], device="cuda")
-            call = kernel_call(task, so, inp, y)
-            rc = call()
-            torch.cuda.synchronize()
-            err = f"rc={rc}" if rc else check(task, y, ref)
+            call, err = checked_call(task, so, inp, ref)
             if err:
                 print(f"  {name}: {label}: WRONG {err}", flush=True)
                 continue

@@ -12,6 +12,8 @@ a generic instantiation, so a kernel is never wrong for an input it was not size
 """
 from __future__ import annotations
 
+import threading
+
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -82,12 +84,18 @@ def get_family(name: str, backend: str) -> Family:
 
 
 _loaded = False
+_load_lock = threading.Lock()
 
 
 def _load() -> None:
+    """Import the family modules once. Under a lock, and marked done only after the imports: two
+    threads asking at once used to see a half-filled registry (found by a threaded test)."""
     global _loaded
     if _loaded:
         return
-    _loaded = True
-    # Importing the modules registers their families (one module per op family).
-    from kforge_tui.search.families import eltwise, norms, pool, softmax  # noqa: F401
+    with _load_lock:
+        if _loaded:
+            return
+        # Importing the modules registers their families (one module per op family).
+        from kforge_tui.search.families import eltwise, norms, pool, softmax  # noqa: F401
+        _loaded = True

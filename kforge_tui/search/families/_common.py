@@ -51,8 +51,26 @@ template <typename T, int V> struct alignas(sizeof(T) * V) kf_pack { T v[V]; };
 template <typename T, int V> __device__ __forceinline__ kf_pack<T, V> kf_load(const T* p) {
   return *reinterpret_cast<const kf_pack<T, V>*>(p);
 }
-template <typename T, int V> __device__ __forceinline__ void kf_store(T* p, const kf_pack<T, V>& v) {
+// Output packs go out through the __stwb intrinsic (st.global.wb: a plain store) so they are
+// one vector access: stored as a struct, a pack was split by nvcc 13 into 2- or 4-byte stores in
+// cluster_group, block_group, two_phase, softmax block_row and rows_vec (PTX, 2026-11-30; silu*b
+// ran at 144 instead of 90 us under ncu). The intrinsic's "memory" clobber keeps loads from being
+// hoisted above it, so a kernel whose unrolled loop loads after storing (kf_norm's affine) uses
+// kf_store_plain, which nvcc does vectorise there.
+template <typename T, int V> __device__ __forceinline__ void kf_store_plain(T* p, const kf_pack<T, V>& v) {
   *reinterpret_cast<kf_pack<T, V>*>(p) = v;
+}
+template <typename T, int V> __device__ __forceinline__ void kf_store(T* p, const kf_pack<T, V>& v) {
+  constexpr int B = (int)sizeof(T) * V;
+  if constexpr (B == 32) {
+    int4 u[2];
+    memcpy(u, &v, B);
+    __stwb(reinterpret_cast<int4*>(p), u[0]);
+    __stwb(reinterpret_cast<int4*>(p) + 1, u[1]);
+  } else if constexpr (B == 16) { int4 u; memcpy(&u, &v, B); __stwb(reinterpret_cast<int4*>(p), u); }
+  else if constexpr (B == 8) { int2 u; memcpy(&u, &v, B); __stwb(reinterpret_cast<int2*>(p), u); }
+  else if constexpr (B == 4) { int u; memcpy(&u, &v, B); __stwb(reinterpret_cast<int*>(p), u); }
+  else kf_store_plain<T, V>(p, v);
 }
 // Streaming (evict-first, .cs) twins for data touched once: they leave L2 to what is re-read and
 // do not push the next call's lines out early. Packs of 4, 8 or 16 bytes; others load plainly.
@@ -97,11 +115,14 @@ __device__ __forceinline__ float kf_warp_max(float v, int width) {
   return v;
 }
 // Every thread gets the block total; the leading barrier lets `sh` be reused call after call.
+// Second round: with a power-of-two warp count each lane takes partial (lane % NW), so log2(NW)
+// shuffles give every lane the total instead of five over zero-padded lanes.
 template <int NW> __device__ __forceinline__ float kf_block_sum(float v, float* sh) {
   v = kf_warp_sum(v, 32);
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
   __syncthreads();
+  if constexpr ((NW & (NW - 1)) == 0) return kf_warp_sum(sh[threadIdx.x & (NW - 1)], NW);
   float r = (threadIdx.x & 31) < NW ? sh[threadIdx.x & 31] : 0.f;
   return kf_warp_sum(r, 32);
 }
@@ -110,8 +131,31 @@ template <int NW> __device__ __forceinline__ float kf_block_max(float v, float* 
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
   __syncthreads();
+  if constexpr ((NW & (NW - 1)) == 0) return kf_warp_max(sh[threadIdx.x & (NW - 1)], NW);
   float r = (threadIdx.x & 31) < NW ? sh[threadIdx.x & 31] : -INFINITY;
   return kf_warp_max(r, 32);
+}
+// V floats rounded to T (as kf_to does) into a pack; 16-bit types two at a time (one
+// cvt.rn.bf16x2.f32 / f16x2 per pair instead of a conversion and a move per element).
+__device__ __forceinline__ void kf_to2(float a, float b, float* o) { o[0] = a; o[1] = b; }
+__device__ __forceinline__ void kf_to2(float a, float b, __half* o) {
+  const __half2 h = __floats2half2_rn(a, b);
+  memcpy(o, &h, 4);
+}
+__device__ __forceinline__ void kf_to2(float a, float b, __nv_bfloat16* o) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  memcpy(o, &h, 4);
+}
+template <typename T, int V> __device__ __forceinline__ kf_pack<T, V> kf_to_pack(const float* f) {
+  kf_pack<T, V> o;
+  if constexpr (V % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 2) kf_to2(f[j], f[j + 1], &o.v[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) o.v[j] = kf_to<T>(f[j]);
+  }
+  return o;
 }
 inline bool kf_aligned(const void* p, int bytes) { return ((uintptr_t)p % (uintptr_t)bytes) == 0; }
 // Launch `kernel` as 1-D clusters of `cl` CTAs (sm_90): blocks CTAs of `threads` threads, each

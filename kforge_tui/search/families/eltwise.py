@@ -21,16 +21,22 @@ from kforge_tui.workload import catalogue
 FLAT_OPS = ("gelu", "silu", "relu")
 
 
-def _fn_cuda(task: Task) -> str:
-    """`kf_op(float) -> float` for the task's op (device code)."""
+def _fn_cuda(task: Task, fast: bool = False) -> str:
+    """`kf_op(float) -> float` for the task's op (device code). `fast`: the exponential and the
+    division as the hardware approximations (ex2.approx, rcp.approx: ~2 ulp), as Triton and so
+    torch.compile emit them; IEEE expf / division cost ~20 instructions per element, a third of
+    the issue slots a bandwidth-bound 16-bit kernel has. Whether the result is close enough is
+    for verification to judge, per dtype."""
+    ex, div = ("__expf", "__fdividef({}, {})") if fast else ("expf", "{} / ({})")
     if task.op == "relu":
         body = "return v < 0.f ? 0.f : v;"  # keeps NaN, as torch.relu does
     elif task.op == "gelu" and task.params.get("approximate", "none") == "tanh":
-        body = "const float u = 0.7978845608028654f * (v + 0.044715f * v * v * v); return v / (1.f + expf(-2.f * u));"
+        body = ("const float u = 0.7978845608028654f * (v + 0.044715f * v * v * v); return "
+                + div.format("v", f"1.f + {ex}(-2.f * u)") + ";")
     elif task.op == "gelu":
         body = "return 0.5f * v * (1.f + erff(v * 0.7071067811865476f));"
     else:
-        body = "return v / (1.f + expf(-v));"
+        body = "return " + div.format("v", f"1.f + {ex}(-v)") + ";"
     return f"__device__ __forceinline__ float kf_op(float v) {{ {body} }}\n"
 
 
@@ -67,6 +73,12 @@ def _vfn_cpu(task: Task, exp: str) -> str:
             f"inline float kf_sop(float v) {{ {sb} }}\n")
 
 
+def _default_math(task: Task) -> str:
+    """fast where there is an exp to approximate: on the H200, silu*b bf16 ran 2-7 % faster with it
+    (bench/NOTES.md round 4), and its ~2 ulp error is 50x inside the f32 tolerance."""
+    return "fast" if _uses_exp(task) else "ieee"
+
+
 def _uses_exp(task: Task) -> bool:
     return task.op in ("silu", "silu_mul") or (task.op == "gelu" and task.params.get("approximate") == "tanh")
 
@@ -101,9 +113,10 @@ __global__ void __launch_bounds__(THREADS) kf_elt(const TI* __restrict__ x, TO* 
   for (int u = 0; u < UNROLL; ++u) {
     const int64_t i = i0 + (int64_t)u * THREADS;
     if (i < npack) {
-      kf_pack<TO, VEC> o;
+      float r[VEC];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) o.v[j] = kf_to<TO>(kf_op(kf_f(p[u].v[j])));
+      for (int j = 0; j < VEC; ++j) r[j] = kf_op(kf_f(p[u].v[j]));
+      const kf_pack<TO, VEC> o = kf_to_pack<TO, VEC>(r);
       if (HINT == 1) kf_store_cs<TO, VEC>(y + i * VEC, o);
       else kf_store<TO, VEC>(y + i * VEC, o);
     }
@@ -131,24 +144,27 @@ _CUDA_FLAT_LAUNCH = r"""
 def _flat_default(task: Task) -> dict:
     vec = 16 // max(ELEM_BYTES[task.dtype], ELEM_BYTES[task.output.dtype])
     n = task.inputs[0].numel
-    return {"threads": 256, "vec": vec, "unroll": 2 if n >= 256 * vec * 2 * 132 * 8 else 1, "hint": "none"}
+    return {"threads": 256, "vec": vec, "unroll": 2 if n >= 256 * vec * 2 * 132 * 8 else 1, "hint": "none",
+            "math": _default_math(task)}
 
 
 def _flat_valid(task: Task, p: dict) -> bool:
-    return max(ELEM_BYTES[task.dtype], ELEM_BYTES[task.output.dtype]) * p["vec"] <= 32
+    return (max(ELEM_BYTES[task.dtype], ELEM_BYTES[task.output.dtype]) * p["vec"] <= 32
+            and (p.get("math", "ieee") == "ieee" or _uses_exp(task)))  # relu / erf gelu: nothing to approximate
 
 
 def _flat_render(task: Task, p: dict) -> str:
     body = fill(_CUDA_FLAT_LAUNCH, THREADS=p["threads"], VEC=p["vec"], UNROLL=p["unroll"], HINT=_hint(p))
-    return cuda_head(task) + _fn_cuda(task) + _CUDA_LD + _CUDA_FLAT + entry(task, "cuda", body)
+    return cuda_head(task) + _fn_cuda(task, p.get("math") == "fast") + _CUDA_LD + _CUDA_FLAT + entry(task, "cuda", body)
 
 
 register(Family("vec_grid", FLAT_OPS, "cuda",
                 {"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8, 16), "unroll": (1, 2, 4),
-                 "hint": ("none", "stream", "l2pf")},
+                 "hint": ("none", "stream", "l2pf"), "math": ("ieee", "fast")},
                 _flat_default, _flat_valid, _flat_render,
                 doc="16-byte packs, `unroll` packs in flight per thread, scalar tail; `hint` "
-                    "stream = evict-first loads and stores, l2pf = 256-byte L2 prefetch"))
+                    "stream = evict-first loads and stores, l2pf = 256-byte L2 prefetch; `math` fast = "
+                    "approximate exp and division"))
 
 
 _CUDA_ROWS = r"""
@@ -173,12 +189,10 @@ __global__ void __launch_bounds__(THREADS) kf_silu_mul(const TI* __restrict__ a,
     for (int u = 0; u < UNROLL; ++u) {
       const int64_t c = c0 + (int64_t)u * THREADS * VEC;
       if (c < cols) {
-        kf_pack<TO, VEC> o;
+        float r[VEC];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float s = kf_f(kf_to<TI>(kf_op(kf_f(pa[u].v[j]))));
-          o.v[j] = kf_to<TO>(s * kf_f(pb[u].v[j]));
-        }
+        for (int j = 0; j < VEC; ++j) r[j] = kf_f(kf_to<TI>(kf_op(kf_f(pa[u].v[j])))) * kf_f(pb[u].v[j]);
+        const kf_pack<TO, VEC> o = kf_to_pack<TO, VEC>(r);
         if (HINT == 1) kf_store_cs<TO, VEC>(yr + c, o);
         else kf_store<TO, VEC>(yr + c, o);
       }
@@ -213,7 +227,7 @@ def _rows_default(task: Task) -> dict:
         threads //= 2
     unroll = 2 if cols >= threads * vec * 2 else 1
     return {"threads": threads if threads in (64, 128, 256, 512, 1024) else 64, "vec": vec, "unroll": unroll,
-            "hint": "none"}
+            "hint": "none", "math": _default_math(task)}
 
 
 def _rows_valid(task: Task, p: dict) -> bool:
@@ -222,16 +236,17 @@ def _rows_valid(task: Task, p: dict) -> bool:
 
 def _rows_render(task: Task, p: dict) -> str:
     body = fill(_CUDA_ROWS_LAUNCH, THREADS=p["threads"], VEC=p["vec"], UNROLL=p["unroll"], HINT=_hint(p))
-    fn = _fn_cuda(replace(task, op="silu"))
+    fn = _fn_cuda(replace(task, op="silu"), p.get("math") == "fast")
     return cuda_head(task) + fn + _CUDA_LD + _CUDA_ROWS + entry(task, "cuda", body)
 
 
 register(Family("rows_vec", ("silu_mul",), "cuda",
                 {"threads": (64, 128, 256, 512, 1024), "vec": (1, 2, 4, 8, 16), "unroll": (1, 2, 4),
-                 "hint": ("none", "stream", "l2pf")},
+                 "hint": ("none", "stream", "l2pf"), "math": ("ieee", "fast")},
                 _rows_default, _rows_valid, _rows_render,
                 doc="2-D grid over (column packs, rows), strided rows, 16-byte packs; `hint` stream = "
-                    "evict-first loads and stores, l2pf = 256-byte L2 prefetch"))
+                    "evict-first loads and stores, l2pf = 256-byte L2 prefetch; `math` fast = "
+                    "approximate exp and division"))
 
 
 # ------------------------------------------------------------------------------- CPU

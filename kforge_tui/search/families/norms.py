@@ -68,9 +68,8 @@ template <int THREADS, int ROWT> __device__ __forceinline__ float2 kf_row_sum2(f
     __syncthreads();
     if ((threadIdx.x & 31) == 0) { sh[threadIdx.x >> 5] = s; sh[32 + (threadIdx.x >> 5)] = q; }
     __syncthreads();
-    const int l = threadIdx.x & 31;
-    float rs = l < NW ? sh[l] : 0.f, rq = l < NW ? sh[32 + l] : 0.f;
-    return make_float2(kf_warp_sum(rs, 32), kf_warp_sum(rq, 32));
+    const int l = threadIdx.x & (NW - 1);  // NW is a power of two: log2(NW) shuffles reach every lane
+    return make_float2(kf_warp_sum(sh[l], NW), kf_warp_sum(sh[32 + l], NW));
   }
 }
 
@@ -86,7 +85,7 @@ template <int THREADS, int ROWT, int VEC, int ITEMS, int KIND, bool ROUND2, bool
           int MINB = 1>
 __global__ void __launch_bounds__(THREADS, MINB) kf_norm(const TI* __restrict__ x, const TI* __restrict__ w,
     const TI* __restrict__ b, TO* __restrict__ y, int64_t rows, int64_t n, float eps, float woff,
-    int64_t hw, int64_t cg, int64_t G) {
+    int64_t hw, int64_t cg, int64_t G, float inv_n) {  // inv_n = 1 / n from the host: no division per row
   __shared__ float sh[64];
   constexpr int RPB = THREADS / ROWT;
   constexpr bool PRE = WPRE && ITEMS > 0 && KIND != 2;
@@ -141,7 +140,7 @@ __global__ void __launch_bounds__(THREADS, MINB) kf_norm(const TI* __restrict__ 
         }
       }
       if constexpr (KIND != 1 && TWOR) {
-        mean = K + kf_row_sum<THREADS, ROWT>(s, sh) / (float)n;
+        mean = K + kf_row_sum<THREADS, ROWT>(s, sh) * inv_n;
         float c = 0.f;
 #pragma unroll
         for (int it = 0; it < ITEMS; ++it) {
@@ -151,14 +150,14 @@ __global__ void __launch_bounds__(THREADS, MINB) kf_norm(const TI* __restrict__ 
             for (int j = 0; j < VEC; ++j) { const float d = kf_f(v[it].v[j]) - mean; c += d * d; }
           }
         }
-        rstd = rsqrtf(kf_row_sum<THREADS, ROWT>(c, sh) / (float)n + eps);
+        rstd = rsqrtf(kf_row_sum<THREADS, ROWT>(c, sh) * inv_n + eps);
       } else if constexpr (KIND != 1) {
         const float2 t = kf_row_sum2<THREADS, ROWT>(s, q, sh);
-        const float ms = t.x / (float)n;
+        const float ms = t.x * inv_n;
         mean = K + ms;
-        rstd = rsqrtf(fmaxf(t.y / (float)n - ms * ms, 0.f) + eps);
+        rstd = rsqrtf(fmaxf(t.y * inv_n - ms * ms, 0.f) + eps);
       } else {
-        rstd = rsqrtf(kf_row_sum<THREADS, ROWT>(q, sh) / (float)n + eps);  // K = 0: q = sum of x^2
+        rstd = rsqrtf(kf_row_sum<THREADS, ROWT>(q, sh) * inv_n + eps);  // K = 0: q = sum of x^2
       }
     } else {
       const float K = (KIND != 1 && live) ? kf_f(xr[0]) : 0.f;
@@ -169,17 +168,21 @@ __global__ void __launch_bounds__(THREADS, MINB) kf_norm(const TI* __restrict__ 
         for (int j = 0; j < VEC; ++j) { const float d = kf_f(p.v[j]) - K; s += d; q += d * d; }
       }
       if constexpr (KIND != 1) {
-        const float ms = kf_row_sum<THREADS, ROWT>(s, sh) / (float)n;
-        const float var = fmaxf(kf_row_sum<THREADS, ROWT>(q, sh) / (float)n - ms * ms, 0.f);
+        const float ms = kf_row_sum<THREADS, ROWT>(s, sh) * inv_n;
+        const float var = fmaxf(kf_row_sum<THREADS, ROWT>(q, sh) * inv_n - ms * ms, 0.f);
         mean = K + ms;
         rstd = rsqrtf(var + eps);
       } else {
-        rstd = rsqrtf(kf_row_sum<THREADS, ROWT>(q, sh) / (float)n + eps);
+        rstd = rsqrtf(kf_row_sum<THREADS, ROWT>(q, sh) * inv_n + eps);
       }
     }
     if (!live) continue;
     TO* yr = y + row * n;
     const int64_t cbase = (KIND == 2) ? (row % G) * cg : 0;
+    // For a 16-bit output, (x - mean) * rstd as one fma with -mean * rstd (its rounding error,
+    // 2^-24 |mean| rstd, is far below a bf16/f16 ulp); an absent weight / bias is 1 / 0, so the
+    // affine is one fma with no per-element select.
+    const float nmr = -mean * rstd;
     auto emit = [&](int64_t base, const kf_pack<TI, VEC>& xp, int it) {
       float wv[VEC], bv[VEC];
       if constexpr (PRE) {
@@ -191,29 +194,28 @@ __global__ void __launch_bounds__(THREADS, MINB) kf_norm(const TI* __restrict__ 
 #pragma unroll
         for (int j = 0; j < VEC; ++j) { wv[j] = wc; bv[j] = bc; }
       } else {
-        if (w) { kf_pack<TI, VEC> p = kf_load<TI, VEC>(w + base);
+        kf_pack<TI, VEC> pw, pb;
+        if (w) pw = kf_load<TI, VEC>(w + base);
+        if (b) pb = kf_load<TI, VEC>(b + base);
 #pragma unroll
-                 for (int j = 0; j < VEC; ++j) wv[j] = kf_f(p.v[j]); }
-        if (b) { kf_pack<TI, VEC> p = kf_load<TI, VEC>(b + base);
-#pragma unroll
-                 for (int j = 0; j < VEC; ++j) bv[j] = kf_f(p.v[j]); }
+        for (int j = 0; j < VEC; ++j) { wv[j] = w ? kf_f(pw.v[j]) : 1.f; bv[j] = b ? kf_f(pb.v[j]) : 0.f; }
       }
-      kf_pack<TO, VEC> o;
+      float r[VEC];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        float r;
         if constexpr (KIND == 1) {
           const float h = kf_f(xp.v[j]) * rstd;
-          if (ROUND2) r = w ? wv[j] * kf_f(kf_to<TO>(h)) : h;
-          else r = w ? h * (wv[j] + woff) : h;
+          if (ROUND2) r[j] = w ? wv[j] * kf_f(kf_to<TO>(h)) : h;
+          else r[j] = w ? h * (wv[j] + woff) : h;
+        } else if constexpr (sizeof(TO) == 2) {
+          r[j] = fmaf(fmaf(kf_f(xp.v[j]), rstd, nmr), wv[j], bv[j]);
         } else {
-          r = (kf_f(xp.v[j]) - mean) * rstd;
-          if (w) r *= wv[j];
-          if (b) r += bv[j];
+          r[j] = fmaf((kf_f(xp.v[j]) - mean) * rstd, wv[j], bv[j]);
         }
-        o.v[j] = kf_to<TO>(r);
       }
-      kf_store<TO, VEC>(yr + base, o);
+      // row in registers: unrolled, affine loads follow stores (see kf_store_plain); else a runtime loop
+      if constexpr (ITEMS > 0) kf_store_plain<TO, VEC>(yr + base, kf_to_pack<TO, VEC>(r));
+      else kf_store<TO, VEC>(yr + base, kf_to_pack<TO, VEC>(r));
     };
     if constexpr (ITEMS > 0) {
 #pragma unroll
@@ -253,9 +255,9 @@ _CUDA_NORM_LAUNCH = r"""
     if ((int64_t)grid > resident) grid = (unsigned)resident;
   }
   if (fast) kf_norm<@THREADS@, @ROWT@, @VEC@, @ITEMS@, @KIND@, @ROUND2@, @WPRE@, @TWOR@, @PIPE@, @MINB@><<<grid, @THREADS@, 0, stream>>>(
-      x, @W@, @B@, y, kr, nn, eps, @WOFF@, @HW@, @CG@, @G@);
+      x, @W@, @B@, y, kr, nn, eps, @WOFF@, @HW@, @CG@, @G@, 1.f / (float)nn);
   else kf_norm<@THREADS@, @ROWT@, 1, 0, @KIND@, @ROUND2@, false, false, false><<<grid, @THREADS@, 0, stream>>>(
-      x, @W@, @B@, y, kr, nn, eps, @WOFF@, @HW@, @CG@, @G@);
+      x, @W@, @B@, y, kr, nn, eps, @WOFF@, @HW@, @CG@, @G@, 1.f / (float)nn);
   return (int)cudaGetLastError();
 """
 
@@ -488,7 +490,7 @@ register(Family("two_phase", ("group_norm",), "cuda",
 
 
 # --- group_norm cluster: one thread-block cluster per group (sm_90), no scratch, one launch
-_CUDA_GNC = r"""
+_CUDA_CLUSTER_SUM2 = r"""
 #include <cooperative_groups.h>
 namespace kf_cg = cooperative_groups;
 
@@ -498,12 +500,18 @@ template <int NW> __device__ __forceinline__ float2 kf_block_sum2(float s, float
   q = kf_warp_sum(q, 32);
   if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = make_float2(s, q);
   __syncthreads();
+  if constexpr ((NW & (NW - 1)) == 0) {  // as kf_block_sum: log2(NW) shuffles reach every lane
+    const float2 r = sh[threadIdx.x & (NW - 1)];
+    return make_float2(kf_warp_sum(r.x, NW), kf_warp_sum(r.y, NW));
+  }
   float2 r = (threadIdx.x & 31) < NW ? sh[threadIdx.x & 31] : make_float2(0.f, 0.f);
   r.x = kf_warp_sum(r.x, 32);
   r.y = kf_warp_sum(r.y, 32);
   return r;
 }
+"""
 
+_CUDA_GNC = _CUDA_CLUSTER_SUM2 + r"""
 // Cluster rank r of group ng reduces its chunk to shifted (sum, sumsq) (shift = the group's first
 // element, the same in every CTA, so partials add exactly), the cluster combines the partials
 // through distributed shared memory, and each CTA normalises its own chunk. The first KEEPK

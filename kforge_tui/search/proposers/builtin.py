@@ -266,6 +266,8 @@ class BuiltinProposer:
             return 1.0
         if k in ("hint", "wpre"):
             return 0.5 if v not in ("none", 0) else 1.0
+        if k == "math":
+            return 1.5 if v == "fast" else 1.0
         if k == "mode":
             return 1.5 if v == "online" else 0.7
         return 1.0
