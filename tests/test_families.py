@@ -453,3 +453,24 @@ def test_output_packs_are_stored_as_one_vector_access(tmp_path):
             assert vector and not scalar, (name, entry.split("(")[0], len(vector), len(scalar))
             checked += 1
     assert checked >= len(want)
+
+
+def test_registry_is_complete_when_first_loaded_from_many_threads():
+    """Threads that ask for families at the same first moment all see the whole registry (it was
+    marked loaded before its modules were imported, so a second thread could see it half-filled)."""
+    code = textwrap.dedent("""
+        import threading
+        from kforge_tui.search import families
+        counts, gate = [], threading.Barrier(8)
+        def ask():
+            gate.wait()
+            counts.append(len(families.all_families()))
+        ts = [threading.Thread(target=ask) for _ in range(8)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        print(sorted(counts))
+    """)
+    full = len(all_families())
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        assert json.loads(out) == [full] * 8, out

@@ -68,7 +68,8 @@ template <int THREADS, int ROWT> __device__ __forceinline__ float2 kf_row_sum2(f
     __syncthreads();
     if ((threadIdx.x & 31) == 0) { sh[threadIdx.x >> 5] = s; sh[32 + (threadIdx.x >> 5)] = q; }
     __syncthreads();
-    const int l = threadIdx.x & (NW - 1);  // NW is a power of two: log2(NW) shuffles reach every lane
+    static_assert((NW & (NW - 1)) == 0, "a power-of-two warp count");
+    const int l = threadIdx.x & (NW - 1);  // log2(NW) shuffles give every lane the total
     return make_float2(kf_warp_sum(sh[l], NW), kf_warp_sum(sh[32 + l], NW));
   }
 }
@@ -490,7 +491,7 @@ register(Family("two_phase", ("group_norm",), "cuda",
 
 
 # --- group_norm cluster: one thread-block cluster per group (sm_90), no scratch, one launch
-_CUDA_CLUSTER_SUM2 = r"""
+_CUDA_GNC = r"""
 #include <cooperative_groups.h>
 namespace kf_cg = cooperative_groups;
 
@@ -509,9 +510,7 @@ template <int NW> __device__ __forceinline__ float2 kf_block_sum2(float s, float
   r.y = kf_warp_sum(r.y, 32);
   return r;
 }
-"""
 
-_CUDA_GNC = _CUDA_CLUSTER_SUM2 + r"""
 // Cluster rank r of group ng reduces its chunk to shifted (sum, sumsq) (shift = the group's first
 // element, the same in every CTA, so partials add exactly), the cluster combines the partials
 // through distributed shared memory, and each CTA normalises its own chunk. The first KEEPK
