@@ -38,7 +38,7 @@ POINT_SETS = {
     "round4": [("layer_norm", LN, "block_row", {}),
                ("rms_norm", RMS, "block_row", {}),
                ("GN512 f32", GN512, "cluster_group", dict(cluster=8, threads=512, unroll=2, keep=32)),
-               ("silu*b", SILU, "rows_vec", {}),
+               ("silu*b", SILU, "rows_vec", dict(math="ieee")),
                ("silu*b", SILU, "rows_vec", dict(math="fast")),
                ("silu*b", SILU, "rows_vec", dict(math="fast", unroll=1))],
     # round 4, last call: Liger's Triton kernels next to the layer/rms norm points the search found

@@ -51,26 +51,34 @@ template <typename T, int V> struct alignas(sizeof(T) * V) kf_pack { T v[V]; };
 template <typename T, int V> __device__ __forceinline__ kf_pack<T, V> kf_load(const T* p) {
   return *reinterpret_cast<const kf_pack<T, V>*>(p);
 }
-// Output packs go out through the __stwb intrinsic (st.global.wb: a plain store) so they are
-// one vector access: stored as a struct, a pack was split by nvcc 13 into 2- or 4-byte stores in
-// cluster_group, block_group, two_phase, softmax block_row and rows_vec (PTX, 2026-11-30; silu*b
-// ran at 144 instead of 90 us under ncu). The intrinsic's "memory" clobber keeps loads from being
-// hoisted above it, so a kernel whose unrolled loop loads after storing (kf_norm's affine) uses
-// kf_store_plain, which nvcc does vectorise there.
+// Output packs go out through the __stwb / __stcs intrinsics so they are one vector access:
+// stored as a struct, a pack was split by nvcc 13 into 2- or 4-byte stores in cluster_group,
+// block_group, two_phase, softmax block_row and rows_vec (PTX, 2026-11-30; silu*b ran at 144 us
+// under ncu with them, 90 us without, H200, two calls). The intrinsics' "memory" clobber keeps
+// loads from being hoisted above them, so a kernel whose unrolled loop loads after storing
+// (kf_norm's affine) uses kf_store_plain, which nvcc does vectorise there.
 template <typename T, int V> __device__ __forceinline__ void kf_store_plain(T* p, const kf_pack<T, V>& v) {
   *reinterpret_cast<kf_pack<T, V>*>(p) = v;
 }
-template <typename T, int V> __device__ __forceinline__ void kf_store(T* p, const kf_pack<T, V>& v) {
+template <bool CS, typename U> __device__ __forceinline__ void kf_st(U* p, const U& u) {
+  if constexpr (CS) __stcs(p, u);
+  else __stwb(p, u);
+}
+// CS: streaming (evict-first) for packs of 4, 8 or 16 bytes; 32-byte packs are two plain stores.
+template <bool CS, typename T, int V> __device__ __forceinline__ void kf_store_as(T* p, const kf_pack<T, V>& v) {
   constexpr int B = (int)sizeof(T) * V;
   if constexpr (B == 32) {
     int4 u[2];
     memcpy(u, &v, B);
-    __stwb(reinterpret_cast<int4*>(p), u[0]);
-    __stwb(reinterpret_cast<int4*>(p) + 1, u[1]);
-  } else if constexpr (B == 16) { int4 u; memcpy(&u, &v, B); __stwb(reinterpret_cast<int4*>(p), u); }
-  else if constexpr (B == 8) { int2 u; memcpy(&u, &v, B); __stwb(reinterpret_cast<int2*>(p), u); }
-  else if constexpr (B == 4) { int u; memcpy(&u, &v, B); __stwb(reinterpret_cast<int*>(p), u); }
+    kf_st<false>(reinterpret_cast<int4*>(p), u[0]);
+    kf_st<false>(reinterpret_cast<int4*>(p) + 1, u[1]);
+  } else if constexpr (B == 16) { int4 u; memcpy(&u, &v, B); kf_st<CS>(reinterpret_cast<int4*>(p), u); }
+  else if constexpr (B == 8) { int2 u; memcpy(&u, &v, B); kf_st<CS>(reinterpret_cast<int2*>(p), u); }
+  else if constexpr (B == 4) { int u; memcpy(&u, &v, B); kf_st<CS>(reinterpret_cast<int*>(p), u); }
   else kf_store_plain<T, V>(p, v);
+}
+template <typename T, int V> __device__ __forceinline__ void kf_store(T* p, const kf_pack<T, V>& v) {
+  kf_store_as<false, T, V>(p, v);
 }
 // Streaming (evict-first, .cs) twins for data touched once: they leave L2 to what is re-read and
 // do not push the next call's lines out early. Packs of 4, 8 or 16 bytes; others load plainly.
@@ -99,11 +107,7 @@ template <typename T, int V> __device__ __forceinline__ kf_pack<T, V> kf_load_pf
   return r;
 }
 template <typename T, int V> __device__ __forceinline__ void kf_store_cs(T* p, const kf_pack<T, V>& v) {
-  constexpr int B = (int)sizeof(T) * V;
-  if constexpr (B == 16) { int4 u; memcpy(&u, &v, B); __stcs(reinterpret_cast<int4*>(p), u); }
-  else if constexpr (B == 8) { int2 u; memcpy(&u, &v, B); __stcs(reinterpret_cast<int2*>(p), u); }
-  else if constexpr (B == 4) { int u; memcpy(&u, &v, B); __stcs(reinterpret_cast<int*>(p), u); }
-  else kf_store<T, V>(p, v);
+  kf_store_as<true, T, V>(p, v);
 }
 
 __device__ __forceinline__ float kf_warp_sum(float v, int width) {

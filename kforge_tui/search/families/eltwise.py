@@ -95,6 +95,10 @@ template <int HINT, typename T, int V> __device__ __forceinline__ kf_pack<T, V> 
   else if constexpr (HINT == 2) return kf_load_pf<T, V>(p);
   else return kf_load<T, V>(p);
 }
+template <int HINT, typename T, int V> __device__ __forceinline__ void kf_st_out(T* p, const kf_pack<T, V>& v) {
+  if constexpr (HINT == 1) kf_store_cs<T, V>(p, v);
+  else kf_store<T, V>(p, v);
+}
 """
 
 _CUDA_FLAT = r"""
@@ -116,9 +120,7 @@ __global__ void __launch_bounds__(THREADS) kf_elt(const TI* __restrict__ x, TO* 
       float r[VEC];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) r[j] = kf_op(kf_f(p[u].v[j]));
-      const kf_pack<TO, VEC> o = kf_to_pack<TO, VEC>(r);
-      if (HINT == 1) kf_store_cs<TO, VEC>(y + i * VEC, o);
-      else kf_store<TO, VEC>(y + i * VEC, o);
+      kf_st_out<HINT, TO, VEC>(y + i * VEC, kf_to_pack<TO, VEC>(r));
     }
   }
 }
@@ -192,9 +194,7 @@ __global__ void __launch_bounds__(THREADS) kf_silu_mul(const TI* __restrict__ a,
         float r[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) r[j] = kf_f(kf_to<TI>(kf_op(kf_f(pa[u].v[j])))) * kf_f(pb[u].v[j]);
-        const kf_pack<TO, VEC> o = kf_to_pack<TO, VEC>(r);
-        if (HINT == 1) kf_store_cs<TO, VEC>(yr + c, o);
-        else kf_store<TO, VEC>(yr + c, o);
+        kf_st_out<HINT, TO, VEC>(yr + c, kf_to_pack<TO, VEC>(r));
       }
     }
   }
