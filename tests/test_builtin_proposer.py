@@ -6,20 +6,37 @@ import json
 
 import torch
 
+import functools
+from dataclasses import replace
+
+from kforge_tui.regions import build, patterns
 from kforge_tui.sandbox.static import check_source
-from kforge_tui.search.families import families_for
+from kforge_tui.search.designs import FamilyDesign, designs_for
 from kforge_tui.search.proposers.base import NodeView, ProposalContext
 from kforge_tui.search.proposers.builtin import BuiltinProposer
-from kforge_tui.workload import catalogue
 
 
-def task_of(shape, backend, op="softmax", dtype=torch.float32):
-    x = torch.empty(shape, dtype=dtype)
-    return catalogue.make_task(op, {"x": x}, {"dim": -1}, torch.empty(shape, dtype=dtype), backend)
+@functools.lru_cache(maxsize=None)
+def task_of(shape, backend, dtype=torch.float32):
+    """A softmax region of a real graph, bound to the softmax pattern (as capture binds it)."""
+    t = build.task_of(lambda x: torch.softmax(x, -1), (torch.randn(shape).to(dtype),), backend)
+    b = patterns.match(t)
+    return replace(t, op=b.op_task.op, pattern=b.op_task.op, params={"binding": b.to_json()})
+
+
+def families_for(task):
+    """The family designs of a bound region (generated designs left out of these tests)."""
+    return [d for d in designs_for(task) if isinstance(d, FamilyDesign)]
+
+
+def BuiltinProposer():  # noqa: N802 - the proposer restricted to family designs
+    from kforge_tui.search.proposers.builtin import BuiltinProposer as P
+
+    return P(families=families_for)
 
 
 def ctx_for(task, parent: NodeView, mode: str, tried=(), siblings=(), seed=0) -> ProposalContext:
-    return ProposalContext(task=task.to_json(), signature=catalogue.signature(task).declaration(),
+    return ProposalContext(task=task.to_json(), signature=task.signature().declaration(),
                            canonical="", reference="", device={"sms": 132 if task.backend == "cuda" else 2},
                            eager_us=10.0, compiled_us=None, floor_us=1.0, parent=parent, ancestors=[],
                            siblings=list(siblings), tried=[dict(t) for t in tried], mode=mode, seed=seed)
@@ -119,7 +136,7 @@ async def test_sources_pass_the_static_check_and_seed_drives_choice():
     chosen = set()
     for seed in range(12):
         p = await prop.propose(ctx_for(task, ROOT, "root", seed=seed))
-        rep = check_source(p.source, catalogue.signature(task))
+        rep = check_source(p.source, task.signature())
         assert rep.ok, [d.text() for d in rep.diagnostics]
         chosen.add(p.params["family"])
         again = await prop.propose(ctx_for(task, ROOT, "root", seed=seed))
@@ -154,3 +171,14 @@ async def test_bad_context_is_a_failed_proposal_not_a_crash():
     p = await BuiltinProposer().propose(ctx)
     assert p.source is None and p.error
     assert BuiltinProposer().can_expand(ctx) is False
+
+
+async def test_generated_designs_serve_regions_no_family_fits():
+    from kforge_tui.search.proposers.builtin import BuiltinProposer as Full
+
+    t = build.task_of(lambda x: torch.relu(x * 0.5 + 1.0) * torch.sigmoid(x), (torch.randn(64, 256),), "cpu")
+    assert patterns.match(t) is None
+    prop = Full()
+    p = await prop.propose(ctx_for(t, ROOT, "root"))
+    assert p.source and '#include "kforge_region.h"' in p.source, p.error
+    assert check_source(p.source, t.signature()).ok

@@ -13,17 +13,16 @@ from kforge_tui.errors import UsageError
 from kforge_tui.search import prompts
 from kforge_tui.search.proposers.base import NodeView, ProposalContext
 from kforge_tui.search.proposers.llm import LLMProposer, check_llm_settings
-from kforge_tui.task import Task, TensorMeta
-from kforge_tui.workload import catalogue
+from kforge_tui.regions.task import Task
 
-KERNEL = """#include <cuda_runtime.h>
-#include <stdint.h>
+KERNEL = """#include "kforge_region.h"
 __global__ void k(const float* x, float* y, int64_t n) {
   int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;
 }
-extern "C" int kforge_launch(const float* x, float* y, int64_t numel, cudaStream_t stream) {
-  k<<<(numel + 255) / 256, 256, 0, stream>>>(x, y, numel);
+extern "C" int kforge_launch(const void* const* inputs, void* const* outputs, cudaStream_t stream) {
+  k<<<(KF_IN0_NUMEL + 255) / 256, 256, 0, stream>>>((const float*)inputs[0], (float*)outputs[0],
+                                                    KF_IN0_NUMEL);
   return (int)cudaGetLastError();
 }
 """
@@ -31,9 +30,14 @@ BROKEN = KERNEL.replace("y[i] = x[i]", "y[i] = undefined_thing + x[i]")
 
 
 def _task() -> Task:
-    x = TensorMeta("x", (64, 1024), "float32", (1024, 1))
-    return Task("relu", "float32", (x,), TensorMeta("y", (64, 1024), "float32", (1024, 1)),
-                backend="cuda", calls=3)
+    import dataclasses
+
+    import torch
+
+    from kforge_tui.regions.build import task_of
+
+    t = task_of(lambda x: torch.relu(x), (torch.randn(64, 1024),), backend="cuda")
+    return dataclasses.replace(t, calls=3)
 
 
 def _ctx(mode="root", parent_source=None, siblings=(), error_log="", status="ok") -> ProposalContext:
@@ -44,8 +48,8 @@ def _ctx(mode="root", parent_source=None, siblings=(), error_log="", status="ok"
         time_us=12.5 if status == "ok" else None, speedup=1.6 if status == "ok" else None,
         resources={"registers": 18, "spill_stores": 0}, error_log=error_log)
     return ProposalContext(
-        task=t.to_json(), signature=catalogue.signature(t).declaration(),
-        canonical=catalogue.canonical_doc(t), reference="torch.relu(x)",
+        task=t.to_json(), signature=t.signature().declaration(),
+        canonical=t.header(), reference=t.code(),
         device={"backend": "cuda", "name": "NVIDIA H200", "arch": "sm_90", "sms": 132,
                 "compute_capability": "9.0", "bandwidth_gbs": 4250.0, "l2_bytes": 60 * 2**20},
         eager_us=20.0, compiled_us=11.0, floor_us=3.1, parent=parent,
@@ -196,12 +200,14 @@ async def test_repair_prompt_carries_error_and_siblings(fake_llm):
 def test_improve_prompt_contents():
     ctx = _ctx("improve", parent_source=KERNEL)
     user = prompts.build_messages(ctx)[1]["content"]
-    for needle in ['extern "C" int kforge_launch(const float* x, float* y, int64_t numel, '
+    for needle in ['extern "C" int kforge_launch(const void* const* inputs, void* const* outputs, '
                    "cudaStream_t stream)",
-                   "torch.relu(x)", "shape [64, 1024] dtype float32 stride [1024, 1]",
-                   "numel=65536", "NVIDIA H200", "132 SMs", "compute capability 9.0",
+                   "torch.ops.aten.relu.default(in0)", "The PyTorch reference",
+                   "inputs[0]: shape [64, 1024] dtype float32 stride [1024, 1]",
+                   "#define KF_IN0_NUMEL 65536LL", '#include "kforge_region.h"',
+                   "NVIDIA H200", "132 SMs", "compute capability 9.0",
                    "4250 GB/s", "PyTorch eager: 20.00 us", "torch.compile: 11.00 us",
-                   "floor (bytes moved / bandwidth): 3.10 us", "measured 12.50 us = 1.60x eager",
+                   "FLOPs / peak for matrix work): 3.10 us", "measured 12.50 us = 1.60x eager",
                    "registers=18", "spill_stores=0", "cudaMallocAsync", "No static or global",
                    "no stream, event or graph creation", "torch", "exactly one fenced ```cuda"]:
         assert needle in user, needle
@@ -296,3 +302,36 @@ def test_import_is_lazy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ}, check=True)
     assert out.stdout.strip() == "False"
+
+
+# ----------------------------------------------------------------- a real model's conv region
+
+@pytest.mark.slow
+@pytest.mark.models
+def test_prompt_for_a_resnet_conv_region_carries_its_graph_code_and_shapes(fake_llm, tmp_path):
+    """`kforge optimize sample_models/resnet50.py --ops conv` through the real CLI, with the
+    scripted OpenAI-compatible server on 127.0.0.1 as the LLM: the prompt shows the conv region's
+    own GraphModule code as the reference, with its real shapes and strides and the ABI header."""
+    import json
+    import subprocess
+    import sys
+
+    fake_llm.default = Reply(content="I would tile the convolution as an implicit GEMM.")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-m", "kforge_tui", "optimize", "sample_models/resnet50.py",
+                        "--device", "cpu", "--headless", "--ops", "conv", "--top", "1", "--budget", "1",
+                        "--parallel", "1", "--llm", "openai/fake-coder", "--api-base", fake_llm.url,
+                        "--no-apply", "--run-dir", str(tmp_path / "run")],
+                       capture_output=True, text=True, cwd=root, timeout=900,
+                       env=dict(os.environ, OPENAI_API_KEY="sk-test", KFORGE_SAMPLE_SIZE="ci"))
+    assert fake_llm.count >= 1, p.stderr[-3000:]
+    user = fake_llm.prompts()[0]
+    assert "torch.ops.aten.convolution.default(in" in user  # the region's own graph
+    assert "def forward(self, in0, in1" in user
+    shown = subprocess.run([sys.executable, "-m", "kforge_tui", "show", str(tmp_path / "run"), "--json"],
+                           capture_output=True, text=True, cwd=root, timeout=120)
+    (task,) = json.loads(shown.stdout)["tasks"]
+    assert task["op"] == "conv"
+    for m in task.get("task", {}).get("inputs", []) or []:
+        assert f"shape {m['shape']} dtype {m['dtype']} stride {m['stride']}" in user
+    assert "#define KF_IN0_SIZE_0" in user and "modeling_resnet.py:" in user

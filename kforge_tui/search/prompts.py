@@ -1,8 +1,10 @@
 """Prompts for LLM proposers, and pulling the one kernel source back out of an answer.
 
-A prompt carries everything a kernel engineer would want before writing one candidate: the op
-and its PyTorch reference, the exact entry point and canonical layout, the captured shapes,
-dtypes and strides, the machine, the roofline floor and the eager / torch.compile times, the
+A prompt carries everything a kernel engineer would want before writing one candidate: the
+region's own PyTorch code (its aten graph, as torch.compile captured it) as the reference, the
+generic entry point with the task's ABI header (every input and output with shape, strides and
+dtype), where in the model it comes from, the machine, the floor (memory or compute bound) and
+the eager / torch.compile times, the
 parent's source with its measured time and resources, the failure report when repairing, and
 one line per sibling so the model tries something different. Plain text, no Jinja: the
 structure is fixed and a dependency would buy nothing.
@@ -33,7 +35,9 @@ RULES_COMMON = [
     "No static or global mutable state (no non-const `static` variables, no writable globals, "
     "no thread_local): every call must compute its result from its inputs alone.",
     "No files, processes, sockets, environment variables, dlopen or inline host assembly.",
-    "Write every output element; do not modify the inputs; optional pointers may be NULL.",
+    "inputs[i] / outputs[j] point at element 0 of the i-th input / j-th output, laid out with "
+    "exactly the strides in the header; write every element of every output; do not modify "
+    "the inputs; an input marked absent is NULL.",
     "It must be correct for exactly these shapes and dtypes, within float tolerance of the "
     "reference, on the captured tensors and on fresh random tensors of the same shapes.",
 ]
@@ -54,6 +58,57 @@ RULES_CPU = [
 ]
 
 
+RULES_TRITON = [
+    "One self-contained Python file: `@triton.jit` kernels and exactly the entry point below, "
+    "which launches them and returns 0.",
+    "Imports: only `triton`, `triton.language as tl`, `from triton.language.extra import "
+    "libdevice`, `math` and `torch` (torch only for dtypes such as torch.float32 and for "
+    "declared scratch).",
+    "inputs[i] / outputs[j] are torch tensors with exactly the shapes, strides and dtypes listed "
+    "(None for an absent input); pass them to kernels as pointers. In the launcher, touch them "
+    "only through .shape, .stride(), .numel(), .dtype, .device, .data_ptr() (and .zero_() / "
+    ".fill_() to initialise before atomics): no torch operations, no copies, no .contiguous() "
+    "— every value is computed by your kernels.",
+    "Scratch memory only as top-level statements of kforge_launch with literal sizes: "
+    "`buf = torch.empty_strided((n0, n1), (s0, s1), dtype=torch.float32, "
+    "device=outputs[0].device)` (or torch.empty / torch.zeros).",
+    "No module-level state: module-level code is imports, functions and constants "
+    "(`BLOCK: tl.constexpr = 1024`, literals, tuples); no lists/dicts at module level, no "
+    "`global`, no attributes stored on functions or kernels, no mutable default arguments, no "
+    "classes, no try/with.",
+    "No os, sys, subprocess, ctypes, threads, files, printing, eval/exec, getattr, dunder or "
+    "private attributes; decorators only triton.jit, triton.autotune, triton.heuristics.",
+    "Write every element of every output; do not modify the inputs. It must be correct for "
+    "exactly these shapes and dtypes, within float tolerance of the reference, on the captured "
+    "tensors and on fresh random tensors of the same shapes; accumulate in float32.",
+    "Launch with kernel[grid](...) on the current stream (the default); Triton's JIT compile "
+    "time counts in the candidate's latency, so keep the number of distinct kernels and "
+    "autotune configs small.",
+]
+
+
+def _triton_header(task: dict) -> str:
+    """The Python ABI block of a triton task (regions/abi.py python_header)."""
+    from kforge_tui.regions import abi
+    from kforge_tui.regions.meta import TensorMeta
+
+    ins = [TensorMeta.from_json(m) for m in task.get("inputs", [])]
+    outs = [TensorMeta.from_json(m) for m in task.get("outputs", [])]
+    return abi.python_header(ins, outs)
+
+
+def _inductor_start(task: dict) -> str | None:
+    """Inductor's own kernel for the region on the candidate ABI (search/inductor_seed.py), or
+    None when Inductor's code for it cannot be rewritten (cached per task)."""
+    try:
+        from kforge_tui.regions.task import Task
+        from kforge_tui.search import inductor_seed
+
+        return inductor_seed.seed_source(Task.from_json(task))
+    except Exception:
+        return None
+
+
 def _fmt_us(x: float | None) -> str:
     return f"{x:.2f} us" if x is not None else "not measured"
 
@@ -66,6 +121,8 @@ def _cut(text: str, limit: int) -> str:
 
 
 def _lang(backend: str) -> tuple[str, str]:
+    if backend == "triton":
+        return "Triton", "python"
     return ("CUDA", "cuda") if backend == "cuda" else ("C++", "cpp")
 
 
@@ -91,28 +148,21 @@ def describe_device(device: dict) -> str:
 
 
 def describe_task(task: dict) -> str:
-    lines = [f"op: {task.get('op')}  dtype: {task.get('dtype')}  params: "
-             f"{json.dumps(task.get('params', {}), sort_keys=True)}"]
-    for m in task.get("inputs", []):
-        if m.get("shape") is None:
-            lines.append(f"  input {m['name']}: absent (NULL pointer)")
-        else:
-            lines.append(f"  input {m['name']}: shape {m['shape']} dtype {m['dtype']} "
-                         f"stride {m.get('stride')}")
-    o = task.get("output") or {}
-    lines.append(f"  output {o.get('name', 'y')}: shape {o.get('shape')} dtype {o.get('dtype')} "
-                 f"(contiguous)")
-    try:  # scalar arguments as the harness passes them (sizes, eps, ...)
-        from kforge_tui.task import Task
-        from kforge_tui.workload import catalogue
-
-        scal = catalogue.scalar_args(Task.from_json(task))
-        lines.append("  scalar arguments passed: "
-                     + ", ".join(f"{k}={v}" for k, v in scal.items()))
-    except Exception:  # an op this build's catalogue does not know: the shapes above suffice
-        pass
+    lines = [f"region: {task.get('op')} ({task.get('kind', '?')}), dtype {task.get('dtype', '')}"]
+    if task.get("source") or task.get("module"):
+        lines.append(f"  from the model: {task.get('source') or '?'}"
+                     + (f"  [module {task['module']}]" if task.get("module") else ""))
+    for kind in ("inputs", "outputs"):
+        for k, m in enumerate(task.get(kind, [])):
+            if m.get("shape") is None:
+                lines.append(f"  {kind}[{k}]: absent (NULL pointer)")
+            else:
+                lines.append(f"  {kind}[{k}]: shape {m['shape']} dtype {m['dtype']} "
+                             f"stride {m.get('stride')}")
+    if task.get("pattern"):
+        lines.append(f"  it computes the named pattern `{task['pattern']}`")
     if task.get("calls"):
-        lines.append(f"  the model calls it {task['calls']} times per forward pass")
+        lines.append(f"  the model runs it {task['calls']} times per forward pass")
     return "\n".join(lines)
 
 
@@ -148,20 +198,39 @@ def build_messages(ctx: ProposalContext) -> list[dict]:
              "primitives" if backend == "cuda" else ", omp.h, immintrin.h")
     rules = [r.format(extra_headers=extra) for r in RULES_COMMON]
     rules += RULES_CUDA if backend == "cuda" else RULES_CPU
+    if backend == "triton":
+        rules = list(RULES_TRITON)
     p = ctx.parent
     out: list[str] = []
-    out.append(f"# Task: a faster {lang} kernel for `{ctx.task.get('op')}`\n")
-    out.append("## PyTorch reference (what correct means)\n" + ctx.reference.strip() + "\n")
-    out.append("## Entry point (define exactly this, parameter types must match)\n"
-               f"```{fence}\n{ctx.signature.strip()};\n```\n"
-               f"Data layout: {ctx.canonical.strip()}\n")
-    out.append("## The real calls captured from the model\n" + describe_task(ctx.task) + "\n")
+    out.append(f"# Task: a faster {lang} kernel for the region `{ctx.task.get('op')}` of a "
+               "PyTorch model\n")
+    out.append("## The PyTorch reference (what correct means)\n"
+               "The region's own graph, as torch.compile captures it (aten ops, run by PyTorch "
+               "eager; `in0`, `in1`, ... are the inputs in order, the returned tuple the outputs "
+               "in order):\n"
+               f"```python\n{ctx.reference.strip()}\n```\n")
+    out.append("## The region's tensors (captured from the real model)\n" + describe_task(ctx.task) + "\n")
+    if backend == "triton":
+        out.append("## Entry point (define exactly this)\n"
+                   f"```python\n{_triton_header(ctx.task).strip()}\n"
+                   "def kforge_launch(inputs, outputs):\n    ...\n    return 0\n```\n"
+                   "The harness calls it with lists of torch tensors in this order, on the GPU's "
+                   "current stream; outputs are allocated by the harness with exactly these "
+                   "strides.\n")
+    else:
+        out.append("## Entry point (define exactly this, parameter types must match)\n"
+                   f"```{fence}\n{ctx.signature.strip()};\n```\n"
+                   'Start the file with `#include "kforge_region.h"`: the harness writes that header '
+                   "beside your file; for this task it is:\n"
+                   f"```c\n{ctx.canonical.strip()}\n```\n")
     out.append("## Machine\n" + describe_device(ctx.device) + "\n")
     out.append("## Times to beat (median per call)\n"
                f"- PyTorch eager: {_fmt_us(ctx.eager_us)}\n"
                f"- torch.compile: {_fmt_us(ctx.compiled_us)}\n"
-               f"- memory-roofline floor (bytes moved / bandwidth): {_fmt_us(ctx.floor_us)}; "
-               "a time below it is impossible and is rejected as a measurement error.\n")
+               f"- floor (bytes moved / bandwidth, or FLOPs / peak for matrix work): "
+               f"{_fmt_us(ctx.floor_us)}; a time below it is impossible and is rejected as a "
+               "measurement error.\n"
+               "Beating torch.compile is the goal: it already fuses this region into one kernel.\n")
     if ctx.best is not None and ctx.best.node_id != p.node_id and ctx.best.time_us:
         out.append(f"Best verified candidate so far: #{ctx.best.node_id} "
                    f"{_fmt_us(ctx.best.time_us)}"
@@ -188,6 +257,17 @@ def build_messages(ctx: ProposalContext) -> list[dict]:
     else:
         ask = ("Write a first kernel that is correct and fast: aim at the memory-roofline "
                "floor (coalesced, vectorised loads; one pass over the data where possible).")
+        start = _inductor_start(ctx.task) if backend == "triton" else None
+        if start:
+            out.append("## Starting point: torch.compile's own kernel for this region\n"
+                       "Inductor generated this Triton code for exactly this region (rewritten to "
+                       "the entry point above); it is what torch.compile runs, so its time is the "
+                       "torch.compile time. It is correct: keep its semantics and make it faster "
+                       "(block sizes, num_warps/num_stages, persistent vs looped reduction, "
+                       "splitting long rows over more programs, fewer passes over memory).\n"
+                       f"```python\n{_cut(start.rstrip(), MAX_SOURCE_CHARS)}\n```\n")
+            ask = ("Write a kernel that beats the starting point above; name what limits it "
+                   "against the floor and change that.")
     if ctx.ancestors:
         chain = [a for a in ctx.ancestors if a.source]
         if chain:
@@ -214,16 +294,21 @@ def render_prompt(messages: list[dict]) -> str:
 
 _FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)[^\n]*$", re.M)
 _DEFINES_ENTRY = re.compile(ENTRY + r"\s*\(")
-_LOOKS_LIKE_SOURCE = re.compile(r"^\s*(#include|extern\s+\"C\"|#pragma|template\s*<|__global__)")
+_DEFINES_PY_ENTRY = re.compile(r"^\s*def\s+" + ENTRY + r"\s*\(", re.M)
+_PY_FENCES = ("python", "py", "python3", "triton")
+_LOOKS_LIKE_SOURCE = re.compile(r"^\s*(#include|extern\s+\"C\"|#pragma|template\s*<|__global__"
+                                r"|import triton|from triton|@triton\.jit)")
 
 
 def extract_code(text: str | None, finish_reason: str | None = None) -> tuple[str | None, str | None]:
     """(source, None) or (None, one-line reason). Picks the last complete fenced block that
-    defines the entry point; accepts ```cuda / ```cpp / ```c++ / ``` fences (or ~~~). An answer
-    that is nothing but a source file (no fence) is accepted too."""
+    defines the entry point; accepts ```cuda / ```cpp / ```c++ / ``` fences (or ~~~), and
+    ```python fences (Triton) when they define `def kforge_launch(...)`. An answer that is
+    nothing but a source file (no fence) is accepted too."""
     if not text or not text.strip():
         return None, "empty answer"
     blocks: list[str] = []
+    langs: list[str] = []
     open_fence = False
     pos = 0
     while True:
@@ -238,8 +323,12 @@ def extract_code(text: str | None, finish_reason: str | None = None) -> tuple[st
             open_fence = True
             break
         blocks.append(text[m.end() + 1:c.start()])
+        langs.append(m.group(2).lower())
         pos = c.end()
-    usable = [b for b in blocks if _DEFINES_ENTRY.search(b)]
+    # a Python (Triton) block must *define* the entry point (`def kforge_launch(`), not call it
+    usable = [b for b, lang in zip(blocks, langs)
+              if _DEFINES_PY_ENTRY.search(b) or (lang not in _PY_FENCES and _DEFINES_ENTRY.search(b)
+                                                 and not re.search(r"^\s*(import|from)\s+\w", b, re.M))]
     if usable:
         return usable[-1].strip("\n") + "\n", None
     truncated = open_fence or finish_reason == "length"
@@ -248,6 +337,7 @@ def extract_code(text: str | None, finish_reason: str | None = None) -> tuple[st
                       + (", finish_reason=length)" if finish_reason == "length" else ")"))
     if blocks:
         return None, f"no code block defines {ENTRY} ({len(blocks)} block(s) in the answer)"
-    if _LOOKS_LIKE_SOURCE.match(text) and _DEFINES_ENTRY.search(text):
+    if _LOOKS_LIKE_SOURCE.match(text) and (_DEFINES_PY_ENTRY.search(text) or (
+            not text.lstrip().startswith(("import", "from", "@")) and _DEFINES_ENTRY.search(text))):
         return text.strip("\n") + "\n", None
     return None, "no code in the answer (prose only)"

@@ -1,300 +1,218 @@
-"""Where a model's forward spends its time, per operator, shape and dtype.
+"""Where a model's forward spends its time, by region.
 
-torch.profiler records the forward; each row is a *top-level* aten call (one whose callers are not
-aten ops) with its inclusive time, i.e. the op and everything it dispatches to. That is the unit a
-user recognises (`aten::softmax` with its `aten::_softmax`, `aten::conv2d` with the mkldnn call
-under it) and the unit a kernel replaces. On CUDA the time is the device (kernel) time launched
-under the op; on CPU it is CPU time. Times are per forward (averaged over `iters` passes).
+Each task (a region at one set of shapes; workload/capture.py) is timed on its captured real
+inputs twice, in this process and on the model's device: eager (its aten ops one by one, the
+region's own graph run by PyTorch) and compiled (torch.compile of the region alone, for the
+heaviest regions). A task's time in the forward is its eager time times its calls; its share is
+that over the eager forward, timed the same way. Rows are ranked by that time. Unsupported
+regions are listed with their reason, never dropped.
 
-HF RMSNorm modules are not one aten op but pow/mean/rsqrt/mul; forward pre/post hooks open a
-`record_function` range around each one so that the whole module shows as one `rms_norm` row.
+Timing here is the profile's ranking, not a verdict: candidates are timed again in the sandbox,
+side by side with eager and torch.compile (sandbox/bench.py).
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-from collections import defaultdict
+import statistics
+import time
 from dataclasses import dataclass, field
 
-from kforge_tui.workload import catalogue
-from kforge_tui.workload.loader import LoadedModel
+import torch
+
+from kforge_tui.regions.graph import to_graph_module
+from kforge_tui.regions.meta import storage_span, torch_dtype
 
 log = logging.getLogger("kforge.workload")
-
-FORWARD_RANGE = "kforge::forward"
-RANGE_PREFIX = "kforge::"
-RMS_RANGE = "kforge::rms_norm"
-
-# aten name -> friendly name where stripping "aten::" and underscores is not enough.
-_FRIENDLY = {
-    "aten::_softmax": "softmax", "aten::_log_softmax": "log_softmax",
-    "aten::native_layer_norm": "layer_norm", "aten::native_group_norm": "group_norm",
-    "aten::_adaptive_avg_pool2d": "adaptive_avg_pool2d", "aten::_fused_rms_norm": "rms_norm",
-    "aten::mm": "matmul", "aten::bmm": "matmul", "aten::addmm": "matmul", "aten::matmul": "matmul",
-    "aten::linear": "linear", "aten::conv2d": "conv2d", "aten::convolution": "conv2d",
-    "aten::scaled_dot_product_attention": "sdpa",
-}
-
-
-def friendly_name(aten: str) -> str:
-    """`aten::_softmax` -> `softmax`, `aten::relu_` -> `relu`, `kforge::rms_norm` -> `rms_norm`."""
-    if aten in _FRIENDLY:
-        return _FRIENDLY[aten]
-    name = aten.split("::", 1)[-1]
-    return name.strip("_") or name
 
 
 @dataclass
 class ProfileRow:
-    op: str
-    aten: str
-    shapes: list[list[int]]
+    op: str  # region label: pattern name, compute op or fused chain
+    aten: str  # the region's aten ops
+    shapes: list[list[int]]  # input shapes
     dtype: str
     calls: int
-    total_us: float
+    total_us: float  # eager time in one forward (all calls)
     mean_us: float
     share: float
-    target: bool
+    target: bool  # kforge can write kernels for it
+    kind: str = ""
+    compiled_us: float | None = None  # torch.compile of the region alone, per call
+    source: str = ""
+    module: str = ""
+    task_key: str = ""
+    reason: str = ""  # why it is not a target
 
     def to_json(self) -> dict:
         return {"op": self.op, "aten": self.aten, "shapes": self.shapes, "dtype": self.dtype,
                 "calls": self.calls, "total_us": round(self.total_us, 3),
                 "mean_us": round(self.mean_us, 3), "share": round(self.share, 6),
-                "target": self.target}
+                "target": self.target, "kind": self.kind,
+                "compiled_us": None if self.compiled_us is None else round(self.compiled_us, 3),
+                "source": self.source, "module": self.module, "task_key": self.task_key,
+                "reason": self.reason}
 
 
 @dataclass
 class Profile:
     rows: list[ProfileRow]
-    total_us: float  # one forward: CPU time of the forward (cpu) or all its kernel time (cuda)
+    total_us: float  # one eager forward
     device: str
     iters: int
     notes: list[str] = field(default_factory=list)
+    compiled_forward_us: float | None = None
 
     def to_json(self) -> dict:
         return {"device": self.device, "iters": self.iters, "total_us": round(self.total_us, 3),
+                "compiled_forward_us": self.compiled_forward_us,
                 "rows": [r.to_json() for r in self.rows], "notes": list(self.notes)}
 
-    def find(self, op: str, shape, dtype: str, aten: str | None = None) -> ProfileRow | None:
-        """The heaviest row of `op` whose first input has `shape` and `dtype` (capture uses it)."""
-        shape = list(shape)
-        for r in self.rows:
-            if r.op == op and r.dtype == dtype and r.shapes and r.shapes[0] == shape \
-                    and (aten is None or r.aten == aten):
-                return r
-        return None
+    def row_for(self, task_key: str) -> ProfileRow | None:
+        return next((r for r in self.rows if r.task_key == task_key), None)
 
 
-# --------------------------------------------------------------------------- rms_norm ranges
+# ------------------------------------------------------------------------------ timing
 
-def _is_rms_norm(module) -> bool:
-    return type(module).__name__.endswith("RMSNorm")
+class _Timer:
+    """Median time of a callable: cuda events with the L2 flushed before each call, or wall
+    clock on the CPU. Small and explicit, as in KernelBench's timing.py."""
 
+    def __init__(self, device: str):
+        self.cuda = str(device).startswith("cuda")
+        self.flush_buf = torch.empty(256 * 2**20, dtype=torch.uint8, device=device) if self.cuda else None
 
-class RmsNormRanges:
-    """Context manager: every *RMSNorm module's forward runs inside a named profiler range.
+    def __call__(self, fn, budget_s: float = 0.2, max_iters: int = 50) -> float:
+        for _ in range(2):
+            fn()
+        self._sync()
+        samples: list[float] = []
+        t_end = time.perf_counter() + budget_s
+        while len(samples) < 3 or (time.perf_counter() < t_end and len(samples) < max_iters):
+            if self.cuda:
+                self.flush_buf.zero_()
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn()
+                b.record()
+                b.synchronize()
+                samples.append(a.elapsed_time(b) * 1000.0)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                samples.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(samples)
 
-    The range name carries the input shape and dtype (`kforge::rms_norm|2x32x1152|float32|1152`)
-    because record_function ranges do not record shapes themselves.
-    """
-
-    def __init__(self, model):
-        self.model = model
-        self.handles = []
-        self.stack = []
-
-    def _pre(self, module, args, kwargs=None):
-        import torch
-
-        x = args[0] if args else next(iter((kwargs or {}).values()), None)
-        w = getattr(module, "weight", None)
-        shape = "x".join(str(s) for s in x.shape) if isinstance(x, torch.Tensor) else "?"
-        dtype = str(x.dtype).replace("torch.", "") if isinstance(x, torch.Tensor) else "?"
-        wshape = "x".join(str(s) for s in w.shape) if isinstance(w, torch.Tensor) else ""
-        rf = torch.autograd.profiler.record_function(f"{RMS_RANGE}|{shape}|{dtype}|{wshape}")
-        rf.__enter__()
-        self.stack.append(rf)
-
-    def _post(self, module, args, output):
-        if self.stack:
-            self.stack.pop().__exit__(None, None, None)
-
-    def __enter__(self):
-        for m in self.model.modules():
-            if _is_rms_norm(m):
-                self.handles.append(m.register_forward_pre_hook(self._pre))
-                self.handles.append(m.register_forward_hook(self._post))
-        return self
-
-    def __exit__(self, *exc):
-        while self.stack:  # a forward that raised inside a norm leaves its range open
-            self.stack.pop().__exit__(None, None, None)
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
+    def _sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
 
 
-def _parse_range(name: str) -> tuple[str, list[list[int]], str]:
-    parts = name.split("|")
-    op = friendly_name(parts[0])
-    shapes = []
-    for p in (parts[1:2] + parts[3:4]):
-        if p and p != "?":
-            shapes.append([int(s) for s in p.split("x")])
-    dtype = parts[2] if len(parts) > 2 else ""
-    return op, shapes, dtype
-
-
-# --------------------------------------------------------------------------- profiling
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize()
-
-
-def _dtype_of(evt) -> str:
-    for shape, dt in zip(evt.input_shapes or [], getattr(evt, "input_dtypes", None) or []):
-        if shape and dt:
-            return _DTYPE_NAMES.get(dt, dt)
-    for dt in getattr(evt, "input_dtypes", None) or []:
-        if dt:
-            return _DTYPE_NAMES.get(dt, dt)
-    return ""
-
-
-_DTYPE_NAMES = {"float": "float32", "c10::Half": "float16", "c10::BFloat16": "bfloat16",
-                "double": "float64", "long int": "int64", "int": "int32", "bool": "bool",
-                "unsigned char": "uint8", "signed char": "int8", "short int": "int16"}
-
-
-def profile_model(loaded: LoadedModel, warmup: int = 1, iters: int = 3) -> Profile:
-    """Warm up, then profile `iters` forwards; rows sorted by time, heaviest first."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    if iters < 1:
-        raise ValueError("iters must be >= 1")
-    cuda = loaded.device.startswith("cuda")
-    with RmsNormRanges(loaded.model):
-        for _ in range(max(0, warmup)):
-            loaded.run()
-        _sync(loaded.device)
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        prof = profile(activities=activities, record_shapes=True)
-        with _quiet_stderr():
-            prof.start()
-        try:
-            for _ in range(iters):
-                with record_function(FORWARD_RANGE):
-                    loaded.run()
-                _sync(loaded.device)
-        finally:
-            with _quiet_stderr():
-                prof.stop()
-    return _aggregate(prof.events(), loaded.device, iters)
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """Kineto prints `USDT: ... profiler_start` lines on fd 2 from C++ (no setting turns them
-    off in torch 2.13); hide fd 2 only while the profiler starts and stops, so the user's own
-    warnings during the forward still show."""
-    import sys
-
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-def _time(evt, cuda: bool) -> float:
-    return float(evt.device_time_total if cuda else evt.cpu_time_total)
-
-
-def _aggregate(events, device: str, iters: int) -> Profile:
-    cuda = device.startswith("cuda")
-    total = 0.0
-    groups: dict[tuple, list] = defaultdict(lambda: [0, 0.0])  # calls, time (all iters)
-    for evt in events:
-        if evt.device_type.name != "CPU" or getattr(evt, "is_async", False):
+def random_inputs(task, device, seed: int = 0) -> list:
+    """Inputs matching a task's metas (for timing regions whose calls were not kept)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for m in task.inputs:
+        if not m.present:
+            out.append(None)
             continue
-        name = evt.name
-        if name == FORWARD_RANGE:
-            total += _time(evt, cuda)
-            continue
-        is_range = name.startswith(RMS_RANGE)
-        if not (is_range or name.startswith("aten::")):
-            continue
-        # Top level = no aten op or rms_norm range above it (those already count this time).
-        p, inside_forward, nested = evt.cpu_parent, False, False
-        while p is not None:
-            if p.name == FORWARD_RANGE:
-                inside_forward = True
-            elif p.name.startswith("aten::") or p.name.startswith(RMS_RANGE):
-                nested = True
-                break
-            p = p.cpu_parent
-        if nested or not inside_forward:
-            continue
-        if is_range:
-            op, shapes, dtype = _parse_range(name)
-            aten = "rms_norm pattern"
+        dt = torch_dtype(m.dtype)
+        span = max(1, storage_span(m.shape, m.strides))
+        if dt.is_floating_point:
+            base = torch.randn(span, generator=gen).to(dt)
+        elif dt == torch.bool:
+            base = torch.rand(span, generator=gen) > 0.5
         else:
-            op = friendly_name(name)
-            shapes = [list(s) for s in (evt.input_shapes or []) if s]
-            dtype = _dtype_of(evt)
-            aten = name
-        key = (op, aten, tuple(tuple(s) for s in shapes), dtype)
-        g = groups[key]
-        g[0] += 1
-        g[1] += _time(evt, cuda)
-    per_fwd_total = total / iters
-    rows = []
-    for (op, aten, shapes, dtype), (calls, t) in groups.items():
-        t_fwd = t / iters
-        n = max(1, round(calls / iters))
-        rows.append(ProfileRow(op=op, aten=aten, shapes=[list(s) for s in shapes], dtype=dtype,
-                               calls=n, total_us=t_fwd, mean_us=t_fwd / n,
-                               share=(t_fwd / per_fwd_total) if per_fwd_total > 0 else 0.0,
-                               target=op in catalogue.TARGET_OPS))
+            base = torch.zeros(span, dtype=dt)  # indices: 0 is always valid
+        out.append(base.to(device).as_strided(tuple(m.shape), tuple(m.strides)))
+    return out
+
+
+def profile_regions(loaded, traced, *, compile_top: int = 5, budget_s: float = 0.2,
+                    on_progress=None) -> Profile:
+    """Rows for every task and unsupported region of `traced`, heaviest first."""
+    device = str(loaded.device)
+    timer = _Timer(device)
+    with torch.inference_mode():
+        fwd = timer(loaded.run, budget_s=max(budget_s, 0.5), max_iters=20)
+    rows: list[ProfileRow] = []
+    records = sorted(traced.records.values(), key=lambda r: r.first_index)
+    gms = {}
+    for k, r in enumerate(records):
+        t = r.task
+        ins = r.saved[0][0] if r.saved else random_inputs(t, device)
+        gm = gms[t.key] = (to_graph_module(t.graph, device), ins)
+        try:
+            with torch.inference_mode():
+                mean = timer(lambda: gm[0](*ins), budget_s=budget_s)
+        except Exception as e:  # the region's own graph failed here: list it, do not stop
+            rows.append(_row(t, r.calls, 0.0, fwd, target=False,
+                             reason=f"its graph did not run alone: {str(e).splitlines()[0][:120]}"))
+            continue
+        rows.append(_row(t, r.calls, mean, fwd))
+        if on_progress:
+            on_progress(k + 1, len(records))
     rows.sort(key=lambda r: r.total_us, reverse=True)
     notes = []
+    for row in [r for r in rows if r.target][:max(0, compile_top)]:
+        gm, ins = gms[row.task_key]
+        try:
+            fn = torch.compile(gm, dynamic=False)
+            with torch.inference_mode():
+                row.compiled_us = timer(lambda: fn(*ins), budget_s=budget_s)
+        except Exception as e:  # Inductor unavailable (no C++ compiler, ...): say it once
+            msg = f"torch.compile of a region failed: {str(e).splitlines()[0][:160] if str(e) else type(e).__name__}"
+            if msg not in notes:
+                notes.append(msg)
+    for u in traced.unsupported:
+        rows.append(ProfileRow(op=u.label, aten="", shapes=[], dtype="", calls=u.calls, total_us=0.0,
+                               mean_us=0.0, share=0.0, target=False, kind="unsupported",
+                               source=u.source, reason=u.reason))
+    for what, why in _count(traced.skipped):
+        notes.append(f"skipped {what}: {why}")
+    if traced.graphs > 1:
+        notes.append(f"{traced.graphs} graphs captured (graph breaks); regions come from all of them")
     if not any(r.target for r in rows):
-        notes.append("no kernel-target ops in this model (targets: "
-                     + ", ".join(catalogue.TARGET_OPS) + ")")
-    return Profile(rows=rows, total_us=per_fwd_total, device=device, iters=iters, notes=notes)
+        notes.append("no region kforge can write a kernel for")
+    return Profile(rows=rows, total_us=fwd, device=device, iters=1, notes=notes)
+
+
+def _count(pairs) -> list[tuple[str, str]]:
+    seen: dict[tuple[str, str], int] = {}
+    for p in pairs:
+        seen[p] = seen.get(p, 0) + 1
+    return [(f"{n}x {w}" if n > 1 else w, why) for (w, why), n in seen.items()]
+
+
+def _row(t, calls: int, mean: float, fwd: float, target: bool = True, reason: str = "") -> ProfileRow:
+    total = mean * calls
+    return ProfileRow(op=t.op, aten=t.aten, shapes=[list(m.shape) for m in t.inputs if m.present],
+                      dtype=t.dtype, calls=calls, total_us=total, mean_us=mean,
+                      share=total / fwd if fwd > 0 else 0.0, target=target, kind=t.kind,
+                      source=t.source, module=t.module, task_key=t.key, reason=reason)
 
 
 # --------------------------------------------------------------------------- text table
 
-def _fmt_shapes(shapes: list[list[int]], limit: int = 44) -> str:
+def _fmt_shapes(shapes: list[list[int]], limit: int = 36) -> str:
     s = " ".join("[" + ",".join(str(d) for d in sh) + "]" for sh in shapes)
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
 def format_profile(profile: Profile, top: int | None = None) -> str:
-    """Aligned text table; `*` marks ops kforge can write kernels for."""
+    """Aligned text table; `*` marks regions kforge can write kernels for."""
     rows = profile.rows[:top] if top else profile.rows
     unit = "device" if profile.device.startswith("cuda") else "CPU"
-    header = ("", "op", "aten", "shapes", "dtype", "calls", "total µs", "mean µs", "share")
+    header = ("", "region", "kind", "shapes", "dtype", "calls", "total µs", "mean µs", "compiled µs",
+              "share", "source")
     table = [header]
     for r in rows:
-        table.append(("*" if r.target else "", r.op, r.aten, _fmt_shapes(r.shapes), r.dtype,
-                      str(r.calls), f"{r.total_us:.1f}", f"{r.mean_us:.1f}", f"{100 * r.share:.1f}%"))
+        comp = f"{r.compiled_us:.1f}" if r.compiled_us is not None else "-"
+        src = r.source if r.target else f"{r.reason} ({r.source})" if r.source else r.reason
+        table.append(("*" if r.target else "", r.op, r.kind, _fmt_shapes(r.shapes), r.dtype,
+                      str(r.calls), f"{r.total_us:.1f}", f"{r.mean_us:.1f}", comp,
+                      f"{100 * r.share:.1f}%", src[:70]))
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    right = {5, 6, 7, 8}
+    right = {5, 6, 7, 8, 9}
     lines = []
     for row in table:
         cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
@@ -303,7 +221,7 @@ def format_profile(profile: Profile, top: int | None = None) -> str:
     shown = f"top {len(rows)} of {len(profile.rows)} rows" if top and top < len(profile.rows) \
         else f"{len(rows)} rows"
     lines.append("")
-    lines.append(f"forward: {profile.total_us / 1000:.3f} ms {unit} time on {profile.device} "
-                 f"(mean of {profile.iters}); {shown}; * = kernel target")
+    lines.append(f"forward: {profile.total_us / 1000:.3f} ms {unit} time on {profile.device} (eager, "
+                 f"median); {shown}; * = kernel target; compiled = torch.compile of the region alone")
     lines.extend(profile.notes)
     return "\n".join(lines)

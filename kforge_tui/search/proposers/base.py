@@ -29,9 +29,9 @@ class NodeView:
 @dataclass
 class ProposalContext:
     task: dict  # Task.to_json()
-    signature: str  # the exact extern "C" declaration
-    canonical: str  # how the kernel sees the data (catalogue.canonical_doc)
-    reference: str  # short text of the PyTorch reference
+    signature: str  # the generic entry point declaration (regions.abi)
+    canonical: str  # the task's ABI header (regions.abi): every input/output as constants
+    reference: str  # the region's PyTorch code (GraphModule.code): the reference
     device: dict  # DeviceInfo.to_json() plus "bandwidth_gbs" when measured
     eager_us: float | None
     compiled_us: float | None

@@ -22,21 +22,22 @@ import json
 import random
 from dataclasses import dataclass
 
-from kforge_tui.search.families import Family, families_for
+from kforge_tui.regions.task import Task
+from kforge_tui.search.designs import Design, designs_for
 from kforge_tui.search.families._common import ELEM_BYTES
 from kforge_tui.search.proposers.base import Proposal, ProposalContext
-from kforge_tui.task import Task
-from kforge_tui.workload import catalogue
 
-SHRINK = ("threads", "vec", "warps", "lanes", "channels", "unroll", "chunks", "splits", "cluster")
-# Families whose kernels use sm_90 thread-block clusters (refused for an older known GPU).
-CLUSTER_FAMILIES = ("cluster_row", "cluster_group")
+SHRINK = ("threads", "vec", "warps", "lanes", "channels", "unroll", "chunks", "splits", "cluster", "keep",
+          "rows")
+# Families whose kernels use sm_90 thread-block clusters (refused for an older known GPU);
+# coop_row and chan_block name cluster types in their sources too.
+CLUSTER_FAMILIES = ("cluster_row", "cluster_group", "coop_row", "chan_block")
 
 
 @dataclass(frozen=True)
 class Move:
     action: str
-    family: Family
+    family: Design
     params: dict
     prior: float
 
@@ -49,29 +50,12 @@ def _key(params: dict) -> str:
     return json.dumps(params, sort_keys=True, default=str)
 
 
-def _shape(task: Task) -> tuple[int, int]:
-    """(independent rows, elements per row) — what grid-fill priors reason about."""
-    s = catalogue.scalar_args(task)
-    op = task.op
-    if op in ("softmax", "log_softmax"):
-        return s["outer"] * s["inner"], s["n"]
-    if op == "group_norm":
-        return s["N"] * s["G"], s["C"] // max(1, s["G"]) * s["HxW"]
-    if op == "adaptive_avg_pool2d":
-        return s["NC"], s["H"] * s["W"]
-    if op == "silu_mul":
-        return s["rows"], s["cols"]
-    if op in ("layer_norm", "rms_norm"):
-        return s["rows"], s["n"]
-    return 1, s.get("numel", 1)
-
-
 class BuiltinProposer:
     """Implements the `Proposer` protocol of search/proposers/base.py with no network."""
 
     name = "builtin"
 
-    def __init__(self, families=families_for):
+    def __init__(self, families=designs_for):
         self._families = families
 
     # ------------------------------------------------------------------ protocol
@@ -175,7 +159,7 @@ class BuiltinProposer:
         return out
 
     @staticmethod
-    def _neighbours(task, fam: Family, cur: dict):
+    def _neighbours(task, fam: Design, cur: dict):
         """(param, value, params) one step up or down each axis; skips over invalid values once."""
         for k, vals in fam.space.items():
             if cur.get(k) not in vals:
@@ -190,7 +174,7 @@ class BuiltinProposer:
                             break
 
     @staticmethod
-    def _usable(fam: Family, ctx) -> bool:
+    def _usable(fam: Design, ctx) -> bool:
         """Cluster kernels need compute capability 9.0+; an unknown device is given the benefit."""
         if fam.name not in CLUSTER_FAMILIES:
             return True
@@ -206,27 +190,75 @@ class BuiltinProposer:
         sms = int((ctx.device or {}).get("sms") or 0)
         return sms or (132 if task.backend == "cuda" else 2)
 
-    def _family_prior(self, task: Task, fam: Family, ctx) -> float:
-        rows, n = _shape(task)
+    def _family_prior(self, task: Task, fam: Design, ctx) -> float:
+        """Root weight of a family from the shape alone: rows = independent rows (groups,
+        channels), n = elements per row, its bytes, the dtype and the device's SM count; never a
+        benchmark shape. One rule per family (S = SMs, B = row bytes = n x element size):
+
+          warp_row       B <= 4 KB: a row in one warp's registers, no barriers          3.0
+          block_row/_group  rows >= S and B > 4 KB: a block per row fills the GPU       2.5
+          coop_row       rows < S and n >= 8192: every SM on few long rows (groups),
+                         chunks kept on chip                                           4.0
+          cluster_row    rows >= S and B >= 256 KB: a row over 16 CTAs whose chunks
+                         stay in shared memory (one DRAM read)                          3.5
+                         rows < S and n >= 16384                                        2.5
+          split_row      rows < S and n >= 16384 (two launches and a scratch alloc)     1.5
+          cluster_group  rows < 2S: 4.0 when x fits in 70 % of L2, else                  2.5
+          two_phase      rows < 2S                                                       3.0
+          global_tile    window <= 1024 elements (channels tiled through smem)          3.0
+          global_warp    window <= 256: 3.5 when a channel is whole 16-byte packs, else 1.5
+          chan_block     window >= 1024: a block per channel, 4.0 when channels < S     3.5
+          flat_vec       silu*b rows shorter than 1024: whole blocks busy               3.0
+          rows_vec       silu*b rows of 1024 and more                                   2.5
+        Anything else 1.0; a family outside its rule 0.3-0.5 (still reachable)."""
+        rows, n = fam.extent(task)
         sms = self._sms(task, ctx)
-        if fam.name == "warp_row" and n <= 1024:
-            return 3.0
-        if fam.name == "split_row" and rows < sms and n >= 16384:
-            return 3.0
-        if fam.name == "cluster_row" and rows < sms and n >= 16384:
-            return 4.0  # split_row's design in one launch with no scratch: try it first
-        if fam.name == "cluster_group" and rows < 2 * sms:
-            # on-chip combine + an L2-resident re-read: best when the tensor fits in L2
-            l2 = int((ctx.device or {}).get("l2_bytes") or 50 * 2**20)
-            return 4.0 if rows * n * ELEM_BYTES.get(task.dtype, 4) <= 0.7 * l2 else 2.5
-        if fam.name == "two_phase" and rows < 2 * sms:
-            return 3.0
-        if fam.name == "global_tile":
-            return 2.0
+        eb = ELEM_BYTES.get(task.dtype, 4)
+        row_bytes = n * eb
+        name, op = fam.name, getattr(fam, "op", "")
+        if task.backend != "cuda":
+            return 1.0
+        if name == "warp_row":
+            return 3.0 if row_bytes <= 4096 else 0.5
+        if name in ("block_row", "block_group"):
+            if rows >= sms:
+                return 2.5 if row_bytes > 4096 else 1.0
+            return 0.5 if n >= 8192 else 1.0
+        if name == "coop_row":
+            if rows < sms and n >= 8192:
+                return 4.0
+            return 2.0 if rows < 2 * sms and n >= 8192 else 0.3
+        if name == "cluster_row":
+            if rows >= sms and row_bytes >= 256 * 1024:
+                return 3.5
+            return 2.5 if rows < sms and n >= 16384 else 0.5
+        if name == "split_row":
+            return 1.5 if rows < sms and n >= 16384 else 0.3
+        if name == "cluster_group":
+            if rows < 2 * sms:
+                # on-chip combine + an L2-resident re-read: best when the tensor fits in L2
+                l2 = int((ctx.device or {}).get("l2_bytes") or 50 * 2**20)
+                return 4.0 if rows * row_bytes <= 0.7 * l2 else 2.5
+            return 0.5
+        if name == "two_phase":
+            return 3.0 if rows < 2 * sms else 0.5
+        if name == "global_tile":
+            return 3.0 if n <= 1024 else 1.0
+        if name == "global_warp":
+            # whole 16-byte packs per channel (H200: [10^6 ch, 4x4] bf16 15.1 us vs the tile's 33.7)
+            return (3.5 if row_bytes % 16 == 0 else 1.5) if n <= 256 else 1.0
+        if name == "chan_block":
+            if n >= 1024:
+                return 4.0 if rows < sms else 3.5
+            return 0.5
+        if name == "flat_vec":
+            return 3.0 if n < 1024 else 1.0
+        if name == "rows_vec":
+            return 2.5 if n >= 1024 else 0.5
         return 1.0
 
-    def _set_prior(self, task: Task, fam: Family, cur: dict, k: str, v, ctx) -> float:
-        rows, n = _shape(task)
+    def _set_prior(self, task: Task, fam: Design, cur: dict, k: str, v, ctx) -> float:
+        rows, n = fam.extent(task)
         sms = self._sms(task, ctx)
         up = fam.space[k].index(v) > fam.space[k].index(cur[k])
         eb = ELEM_BYTES.get(task.dtype, 4)
@@ -239,7 +271,7 @@ class BuiltinProposer:
             return 0.5 if up else 1.2
         if k == "unroll":
             return 1.5 if up and cur[k] < 4 else 1.0
-        if k == "threads" and fam.name == "block_row" and task.op in ("layer_norm", "rms_norm", "softmax",
+        if k == "threads" and fam.name == "block_row" and fam.op in ("layer_norm", "rms_norm", "softmax",
                                                                       "log_softmax"):
             # fewer threads per row = more rows (blocks) in flight and cheaper barriers
             return 1.5 if not up else 0.8
@@ -253,9 +285,20 @@ class BuiltinProposer:
             if rows / per_block < 2 * sms:
                 return 0.4 if up else 2.5
             return 1.0
+        if k == "rows":  # rows per lane group: more loads in flight when the grid has blocks to spare
+            per_block = cur.get("warps", 4) * 32 // max(1, cur.get("lanes", 32)) * cur[k]
+            return (2.0 if rows / per_block >= 8 * sms else 0.5) if up else 1.0
+        if k == "channels":  # tiny windows: more channels per block while >= 4 blocks per SM remain
+            return (1.5 if rows / cur[k] >= 8 * sms else 0.5) if up else 1.0
+        if k == "grid":  # a persistent grid pays for itself on tensors of many waves
+            return 1.5 if (v == "persist") == (rows * n >= 2**27) else 0.5
         if k == "cache":
             return 2.0 if v == "regs" else 0.5
-        if k == "keep":  # on-chip sweeps trade DRAM re-reads for CTAs per SM: both ways are live
+        if k == "keep":
+            # split rows: holding the chunk on chip saves its re-read; while the whole tensor fits
+            # on chip (about 200 KB a SM) more keep is the move, beyond it both ways are live
+            if rows * n * eb <= sms * 200 * 1024:
+                return 2.0 if up else 0.7
             return 1.5
         # Round 3 on the H200 (bench/NOTES.md): `minb` gave layer_norm's best point; `pipe` was
         # level (±5 %); `wpre` (+41 %, register pressure) and both load hints (+13 %) were worse
