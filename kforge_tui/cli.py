@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(MCTS over LLM or built-in proposals), verify them on captured tensors and "
                     "put the winners back into the model.",
         epilog="MODEL is path/file.py:callable, path/file.py (build() or KernelBench Model/get_inputs) "
-               "or package.module:callable. Config: ~/.config/kforge/config.toml, KFORGE_* variables.")
+               "or package.module:callable. Config: config.toml in the user config directory "
+               "(~/.config/kforge/ on Linux; KFORGE_CONFIG), KFORGE_* variables.")
     _add_common(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -37,20 +38,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _add_common(p)
 
-    p = sub.add_parser("profile", help="profile a model's operators")
+    p = sub.add_parser("profile", help="profile a model's regions (ops and fused chains)")
     p.add_argument("model")
     p.add_argument("--device", choices=["cuda", "cpu"])
     p.add_argument("--top", type=int, default=None, help="rows to show (default all)")
-    p.add_argument("--iters", type=int, default=3, help="measured forward passes")
+    p.add_argument("--ops", help="comma-separated region names, kinds or aten ops to show")
+    p.add_argument("--compile-top", type=int, default=10,
+                   help="time torch.compile of the N heaviest regions alone (default 10; 0: none)")
     p.add_argument("--json", action="store_true")
     _add_common(p)
 
     p = sub.add_parser("optimize", help="profile, capture, search kernels, integrate and report")
     p.add_argument("model")
     p.add_argument("--device", choices=["cuda", "cpu"])
-    p.add_argument("--ops", help="comma-separated op names to optimise (default: top ops by time)")
-    p.add_argument("--top", type=int, help="how many hot ops to optimise (default 5)")
-    p.add_argument("--budget", type=int, help="candidates evaluated per op (default 50)")
+    p.add_argument("--ops", help="comma-separated region names, kinds or aten ops to optimise "
+                                 "(default: the heaviest regions)")
+    p.add_argument("--top", type=int, help="how many regions to optimise (default 5)")
+    p.add_argument("--budget", type=int, help="candidates evaluated per region (default 50)")
+    p.add_argument("--backend", choices=["cuda", "triton", "auto", "cpu"],
+                   help="kernel language: cuda (default on a GPU), triton, auto (each region in "
+                        "both), cpu (C++, the default without a GPU)")
     p.add_argument("--llm", help="litellm model string, e.g. openai/gpt-4.1, anthropic/..., "
                                  "ollama/..., hosted_vllm/... (default: built-in proposer)")
     p.add_argument("--api-base", help="base URL of an OpenAI-compatible server (with --llm openai/NAME)")
@@ -80,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
 
     p = sub.add_parser("runs", help="list runs")
-    p.add_argument("--root", help="where to look (default: config run_root and ./kforge_runs)")
+    p.add_argument("--root", help="where to look (default: every run made here, the config run_root "
+                                  "and ./kforge_runs)")
     p.add_argument("--json", action="store_true")
     _add_common(p)
 
@@ -93,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("model")
     p.add_argument("--device", choices=["cuda", "cpu"])
+    p.add_argument("--mode", choices=["compile", "eager"], default=None,
+                   help="compile (default): torch.compile with the kernels inside; eager: the "
+                        "same regions replaced, the rest run eagerly (for models Inductor cannot "
+                        "compile; chosen automatically when compiling fails)")
+    p.add_argument("--inductor-mode", default=None,
+                   help="torch.compile mode for both kforge and the comparison: default, "
+                        "reduce-overhead, max-autotune, max-autotune-no-cudagraphs")
     p.add_argument("--json", action="store_true")
     _add_common(p)
 
@@ -120,19 +135,40 @@ def cmd_doctor(args) -> int:
 
 def cmd_profile(args) -> int:
     from kforge_tui.device import resolve_backend
+    from kforge_tui.workload.capture import trace_model
     from kforge_tui.workload.loader import load_model
-    from kforge_tui.workload.profile import format_profile, profile_model
+    from kforge_tui.workload.profile import format_profile, profile_regions
 
     backend = resolve_backend(args.device)
     _progress(args, f"loading {args.model} on {backend}")
     loaded = load_model(args.model, backend)
-    _progress(args, f"profiling ({args.iters} measured passes)")
-    prof = profile_model(loaded, iters=args.iters)
+    _progress(args, "capturing the graph as torch.compile sees it")
+    traced = trace_model(loaded, backend, max_calls=1)
+    _progress(args, f"timing {len(traced.records)} regions (eager; torch.compile for the top "
+                    f"{args.compile_top})")
+    prof = profile_regions(loaded, traced, compile_top=args.compile_top)
+    if args.ops:
+        from kforge_tui.workload.select import select
+
+        names = [o.strip() for o in args.ops.split(",") if o.strip()]
+        keep = {t.key for t in select(_with_profile(traced.tasks(), prof), names, None)}
+        prof.rows = [r for r in prof.rows if r.task_key in keep]
     if args.json:
         print(json.dumps(prof.to_json(), indent=2))
     else:
         print(format_profile(prof, top=args.top))
     return 0
+
+
+def _with_profile(tasks, prof):
+    """Tasks carrying their profile time (for ranking and selection)."""
+    from dataclasses import replace
+
+    out = []
+    for t in tasks:
+        row = prof.row_for(t.key)
+        out.append(replace(t, total_us=row.total_us, share=row.share, calls=row.calls) if row else t)
+    return out
 
 
 def _settings_from_args(args):
@@ -147,22 +183,25 @@ def _settings_from_args(args):
     if cfg.top < 1:
         raise UsageError(f"--top must be at least 1, not {cfg.top}")
     ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
-    if ops:
-        from kforge_tui.workload.catalogue import get
-
-        for o in ops:
-            get(o)  # UsageError for an unknown op, before any work
     return OptimizeSettings(model=args.model, device=cfg.device, ops=ops, top=cfg.top,
                             budget=cfg.budget, llm=cfg.llm, api_base=cfg.api_base,
                             parallel=cfg.parallel, run_dir=args.run_dir, run_root=cfg.run_root,
                             time_limit_s=args.time_limit, target_speedup=args.target,
                             compile_baseline=args.compile_baseline, end_to_end=not args.no_apply,
+                            backend=args.backend,
                             seed=args.seed), cfg
+
+
+def _private() -> None:
+    """Everything this process creates (run dir, captures, compile cache, the worker processes'
+    files) is the user's model data: owner-only, whatever the shell's umask (README: Privacy)."""
+    os.umask(0o077)
 
 
 def cmd_optimize(args) -> int:
     from kforge_tui.device import resolve_backend
 
+    _private()
     settings, cfg = _settings_from_args(args)
     settings.device = resolve_backend(settings.device)
     if settings.llm:
@@ -175,13 +214,19 @@ def cmd_optimize(args) -> int:
         return run_headless(settings, json_out=args.json)
     from kforge_tui.tui.app import run_live
 
-    return run_live(settings, theme=args.theme or cfg.theme)
+    return run_live(settings, theme=args.theme or cfg.theme, keymap=cfg.keymap)
 
 
 def cmd_resume(args) -> int:
     from kforge_tui.engine import settings_for_resume
+    from kforge_tui.store import owner_pid
 
+    _private()
     settings = settings_for_resume(args.run_dir)
+    pid = owner_pid(args.run_dir)
+    if pid is not None:  # say so before a screen opens (the engine would refuse it too)
+        raise UsageError(f"{args.run_dir} is being run by another kforge process (pid {pid}); "
+                         f"watch and steer it with `kforge tui {args.run_dir}`")
     if not _use_tui(args):
         from kforge_tui.report import run_headless
 
@@ -189,35 +234,45 @@ def cmd_resume(args) -> int:
     from kforge_tui.config import load_config
     from kforge_tui.tui.app import run_live
 
-    return run_live(settings, theme=args.theme or load_config().theme, resume=True)
+    cfg = load_config()
+    return run_live(settings, theme=args.theme or cfg.theme, resume=True, keymap=cfg.keymap)
 
 
 def cmd_tui(args) -> int:
     from kforge_tui.config import load_config
     from kforge_tui.store import RunStore
+
+    RunStore.open(args.run_dir, readonly=True).close()  # clear error before anything else
+    if not _has_terminal():  # Textual would wait forever for a terminal that is not there
+        raise UsageError(f"kforge tui needs a terminal (stdin and stdout are not a TTY); "
+                         f"`kforge show {args.run_dir}` prints the run instead")
+    _private()  # the TUI may resume the run to evaluate an edit
     from kforge_tui.tui.app import run_follow
 
-    RunStore.open(args.run_dir, readonly=True).close()  # clear error before the screen opens
-    return run_follow(args.run_dir, theme=args.theme or load_config().theme)
+    cfg = load_config()
+    return run_follow(args.run_dir, theme=args.theme or cfg.theme, keymap=cfg.keymap)
 
 
 def cmd_runs(args) -> int:
     from kforge_tui.config import load_config
-    from kforge_tui.store import list_runs
+    from kforge_tui.store import list_runs, registered_runs, run_summary
 
     roots = [Path(args.root)] if args.root else [Path(load_config().run_root), Path("kforge_runs")]
     seen, runs = set(), []
-    for root in roots:
-        for r in list_runs(root.expanduser()):
-            key = os.path.realpath(r["run_dir"])
-            if key not in seen:
-                seen.add(key)
-                runs.append(r)
+    found = [r for root in roots for r in list_runs(root.expanduser())]
+    if not args.root:  # runs made with --run-dir anywhere (the user data directory keeps the list)
+        found += [r for d in registered_runs() if (r := run_summary(d)) is not None]
+    for r in sorted(found, key=lambda r: r["created"], reverse=True):
+        key = os.path.realpath(r["run_dir"])
+        if key not in seen:
+            seen.add(key)
+            runs.append(r)
     if args.json:
         print(json.dumps({"runs": runs}, indent=2, default=str))
         return 0
     if not runs:
-        print(f"no runs under {', '.join(str(r) for r in roots)}")
+        where = ", ".join(dict.fromkeys(str(r) for r in roots))
+        print(f"no runs under {where}" + ("" if args.root else " nor in the list of runs made elsewhere"))
         return 0
     from datetime import datetime
 
@@ -230,7 +285,7 @@ def cmd_runs(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from kforge_tui.report import format_show, show_json
+    from kforge_tui.summary import format_show, show_json
 
     data = show_json(args.run_dir)
     print(json.dumps(data, indent=2) if args.json else format_show(data))
@@ -239,14 +294,14 @@ def cmd_show(args) -> int:
 
 def cmd_apply(args) -> int:
     from kforge_tui.device import resolve_backend
-    from kforge_tui.integrate.e2e import check_end_to_end
-    from kforge_tui.report import format_end_to_end
+    from kforge_tui.integrate.e2e import check_with_fallback
     from kforge_tui.store import RunStore
+    from kforge_tui.summary import format_end_to_end
     from kforge_tui.workload.loader import load_model
 
     RunStore.open(args.run_dir, readonly=True).close()
     loaded = load_model(args.model, resolve_backend(args.device))
-    report = check_end_to_end(loaded, args.run_dir)
+    report = check_with_fallback(loaded, args.run_dir, args.mode, args.inductor_mode)
     print(json.dumps(report, indent=2, default=str) if args.json else format_end_to_end(report))
     if not report.get("kernels_used"):
         print("kforge: no verified kernel of this run applies to this model; nothing was patched",
@@ -271,9 +326,13 @@ HANDLERS = {"doctor": cmd_doctor, "profile": cmd_profile, "optimize": cmd_optimi
             "apply": cmd_apply, "export": cmd_export}
 
 
+def _has_terminal() -> bool:
+    return sys.stdout.isatty() and sys.stdin.isatty()
+
+
 def _use_tui(args) -> bool:
     """The TUI needs a terminal; with no terminal (nohup, CI, pipes) run headless, like nvitop -1."""
-    return not args.headless and not getattr(args, "json", False) and sys.stdout.isatty() and sys.stdin.isatty()
+    return not args.headless and not getattr(args, "json", False) and _has_terminal()
 
 
 def _progress(args, msg: str) -> None:

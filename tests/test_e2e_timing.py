@@ -6,8 +6,8 @@ import time
 
 import torch.nn as nn
 
-from kforge_tui.integrate import e2e, loader
-from kforge_tui.report import format_end_to_end
+from kforge_tui.integrate import e2e
+from kforge_tui.summary import format_end_to_end
 
 
 class _Sleeper(nn.Module):
@@ -23,16 +23,18 @@ class _Sleeper(nn.Module):
 
 
 def test_steady_forwards_are_timed_once():
-    eager, patched = e2e._time_interleaved(_Sleeper([25.0]), (None,), loader.Runtime([]), "cpu", iters=6,
-                                           warmup=1)
+    m = _Sleeper([25.0])
+    t = e2e._time_alternated({"eager": m, "kforge": m}, (None,), "cpu", iters=6, warmup=1)
+    eager, patched = t["eager"], t["kforge"]
     assert len(eager) == len(patched) == 6
     assert max(e2e._spread(eager), e2e._spread(patched)) <= e2e.NOISY_SPREAD
 
 
 def test_noisy_forwards_are_timed_again_up_to_the_limit():
     # eager and patched alternate, so a pattern of three durations lands on both sides unevenly
-    eager, patched = e2e._time_interleaved(_Sleeper([2.0, 2.0, 12.0]), (None,), loader.Runtime([]), "cpu",
-                                           iters=6, warmup=1)
+    m = _Sleeper([2.0, 2.0, 12.0])
+    t = e2e._time_alternated({"eager": m, "kforge": m}, (None,), "cpu", iters=6, warmup=1)
+    eager, patched = t["eager"], t["kforge"]
     assert len(eager) == len(patched) > 6  # timed again ...
     assert len(eager) == 6 * e2e.NOISY_ROUNDS  # ... but not without end
     assert max(e2e._spread(eager), e2e._spread(patched)) > e2e.NOISY_SPREAD

@@ -49,7 +49,7 @@ def test_llm_search_records_every_failure_and_reaches_budget(tmp_path):
         srv.push(Reply(content=_fenced(GOOD_CPP)),
                  Reply(content=_fenced(BROKEN_CPP)),
                  Reply(content="I would use shared memory and warp shuffles to make this faster."),
-                 Reply(content="```cpp\n#include <stdint.h>\nextern \"C\" int kforge_launch(", finish_reason="length"),
+                 Reply(content="```cpp\n#include \"kforge_region.h\"\nextern \"C\" int kforge_launch(", finish_reason="length"),
                  Reply(status=429, retry_after=0.1), Reply(content=_fenced(GOOD_CPP.replace("schedule(static)", "schedule(dynamic)"))),
                  Reply(status=500, error_message="upstream exploded"),
                  Reply(status=500, error_message="upstream exploded"),
@@ -67,9 +67,16 @@ def test_llm_search_records_every_failure_and_reaches_budget(tmp_path):
 
     store = RunStore.open(tmp_path / "run", readonly=True)
     (task,) = store.tasks()
-    nodes = [n for n in store.nodes(task["task_id"]) if n["parent_id"] is not None]
+    every = [n for n in store.nodes(task["task_id"]) if n["parent_id"] is not None]
+    nodes = [n for n in every if not n["action"].startswith("confirm:")]
     statuses = [n["status"] for n in nodes]
     assert task["evaluated"] == budget and len(nodes) == budget, statuses
+    # the best verified candidates were re-timed side by side; the winner is a re-timing
+    confirms = [n for n in every if n["action"].startswith("confirm:")]
+    assert 1 <= len(confirms) <= 2 and all(n["proposer"] == "kforge" for n in confirms)
+    assert task["best_node"] in {n["id"] for n in confirms if n["status"] == "ok"}
+    for c in confirms:  # a re-timing has the source of the node it re-times
+        assert c["source"] == next(n["source"] for n in nodes if n["id"] == c["parent_id"])
     assert "ok" in statuses and "compile_error" in statuses, statuses
     failed_props = [n["message"] for n in nodes if n["status"] == "proposal_error"]
     assert len(failed_props) >= 3, statuses  # prose, truncated, 500s, timeout
@@ -79,7 +86,7 @@ def test_llm_search_records_every_failure_and_reaches_budget(tmp_path):
     assert store.llm_totals()["calls"] >= budget
     # the event stream says the same as the store
     finished = [e for e in seen if isinstance(e, ev.NodeFinished) and e.node_id != store.root_node(task["task_id"])]
-    assert sorted(e.node_id for e in finished) == sorted(n["id"] for n in nodes)
+    assert sorted(e.node_id for e in finished) == sorted(n["id"] for n in every)
     assert isinstance(seen[0], ev.RunStarted) and isinstance(seen[-1], ev.RunFinished)
     assert summary["tasks"][0]["verified"] is True
     store.close()

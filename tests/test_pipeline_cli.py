@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -24,17 +25,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def kforge(*args, timeout=900):
+def kforge(*args, timeout=900, data_home=None):
     env = dict(os.environ, PYTHONPATH=str(ROOT), KFORGE_SAMPLE_SIZE="ci")
+    if data_home is not None:  # where `kforge runs` keeps its list (platformdirs' user data dir)
+        env["XDG_DATA_HOME"] = str(data_home)
     return subprocess.run([sys.executable, "-m", "kforge_tui", *args], capture_output=True, text=True,
                           cwd=str(ROOT), env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
-def gemma_run(tmp_path_factory):
+def data_home(tmp_path_factory):
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="module")
+def gemma_run(tmp_path_factory, data_home):
     run_dir = tmp_path_factory.mktemp("pipeline") / "gemma"
     r = kforge("optimize", "sample_models/gemma.py", "--device", "cpu", "--headless", "--ops", "gelu",
-               "--top", "1", "--budget", "6", "--run-dir", str(run_dir), "--no-apply")
+               "--top", "1", "--budget", "6", "--run-dir", str(run_dir), "--no-apply", data_home=data_home)
     assert r.returncode == 0, r.stderr[-3000:]
     return run_dir
 
@@ -49,9 +57,31 @@ def test_optimize_finds_a_verified_kernel_faster_than_eager(gemma_run):
                 "evaluated", "budget"):
         assert key in task
     # the search stops at the budget, or earlier when the built-in space is exhausted
-    assert task["op"] == "gelu" and 1 <= task["evaluated"] <= task["budget"] == 6
+    # Gemma's gated MLP: gelu(gate) * up is one fused region (the partitioner's chain rule)
+    assert "gelu" in task["op"].split("+") and 1 <= task["evaluated"] <= task["budget"] == 6
     assert task["verified"] is True and task["speedup"] > 1.0, task
     assert task["best_us"] < task["baseline_us"]
+
+
+@pytest.mark.slow
+def test_run_data_is_readable_by_its_owner_only(gemma_run):
+    """Runs hold the user's captured tensors, outputs and prompts (README: Privacy)."""
+    import platformdirs
+
+    captured = list((gemma_run / "captures").rglob("*.pt"))
+    assert captured, "no captured call was saved"
+    for p in [gemma_run, *gemma_run.rglob("*")]:
+        mode = stat.S_IMODE(p.lstat().st_mode)
+        assert mode == (0o700 if p.is_dir() else 0o600), (str(p), oct(mode))
+    cache = Path(os.environ.get("KFORGE_CACHE") or platformdirs.user_cache_path("kforge", appauthor=False))
+    assert stat.S_IMODE((cache / "compile").stat().st_mode) == 0o700
+
+
+@pytest.mark.slow
+def test_runs_lists_a_run_made_with_run_dir(gemma_run, data_home):
+    r = kforge("runs", "--json", data_home=data_home)
+    assert r.returncode == 0, r.stderr
+    assert str(gemma_run.resolve()) in [run["run_dir"] for run in json.loads(r.stdout)["runs"]]
 
 
 @pytest.mark.slow

@@ -1,19 +1,20 @@
-"""End-to-end check: does the patched model give the same outputs, and is its forward faster?
+"""End-to-end check: eager PyTorch, torch.compile and kforge side by side, on the whole model.
 
-Runs the original and the patched model on the example inputs and on fresh inputs of the same
-shapes/dtypes/value ranges, compares every floating output against a per-dtype tolerance, and
-times both forwards the same way: warm-up, then eager and patched forwards interleaved one by
-one (so drift in clocks or load hits both alike), device sync around each, median of many.
-Eager is timed with no wrapper installed at all, so the wrapper's own cost counts against the
-patch, never against eager.
+Runs the original model (eager), the model compiled by torch.compile (the user's alternative,
+same Inductor mode) and the model compiled with the kforge backend (Inductor plus the verified
+region kernels, or the eager-mode rewrite) on the example inputs and on fresh inputs of the same
+shapes, dtypes and value ranges; compares kforge's outputs with eager's against a per-dtype
+tolerance (and, when that fails, both against a float64 run of the original); and times the
+three forwards alternated one by one (so drift in clocks or load hits all alike), device sync
+around each, median and spread of many, re-timed while the spread is high.
 """
 from __future__ import annotations
 
 import statistics
 import time
 
-from kforge_tui.integrate import loader
-from kforge_tui.integrate.patch import prepare
+from kforge_tui.integrate import runtime as rt
+from kforge_tui.integrate.patch import backend_of, prepare
 
 # (rtol, atol) for whole-model outputs: looser than per-op verification, since differences of a
 # few ulps inside the model are amplified by the layers after the patched op.
@@ -128,102 +129,137 @@ NOISY_SPREAD = 0.2
 NOISY_ROUNDS = 3
 
 
-def _time_interleaved(model, inputs, runtime, device_type: str, iters: int, warmup: int):
-    """Wall times (ms) of eager and patched forwards, alternated one by one; more rounds of
-    `iters` pairs while either side's spread is above NOISY_SPREAD."""
+def _time_alternated(fns: dict, inputs, device_type: str, iters: int, warmup: int) -> dict:
+    """Wall times (ms) of each forward in `fns`, alternated one by one; more rounds of `iters`
+    while any side's spread is above NOISY_SPREAD."""
     import torch
 
-    def once():
+    def once(fn):
         _sync(device_type)
         t0 = time.perf_counter()
         with torch.inference_mode():
-            model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+            fn(**inputs) if isinstance(inputs, dict) else fn(*inputs)
         _sync(device_type)
         return (time.perf_counter() - t0) * 1e3
 
-    eager, patched = [], []
+    times: dict[str, list[float]] = {k: [] for k in fns}
     for rnd in range(NOISY_ROUNDS):
-        if rnd and max(_spread(eager), _spread(patched)) <= NOISY_SPREAD:
+        if rnd and max(_spread(v) for v in times.values()) <= NOISY_SPREAD:
             break
         for i in range((0 if rnd else warmup) + iters):
-            e = once()
-            loader.install(model, runtime)
-            try:
-                p = once()
-            finally:
-                loader.uninstall(model)
-            if rnd or i >= warmup:
-                eager.append(e)
-                patched.append(p)
-    return eager, patched
+            for name, fn in fns.items():
+                t = once(fn)
+                if rnd or i >= warmup:
+                    times[name].append(t)
+    return times
 
 
 def check_end_to_end(loaded, run_dir, *, fresh_inputs: int = 1, iters: int = 20,
                      min_speedup: float = 1.02, ops: list[str] | None = None,
-                     warmup: int = 3) -> dict:
-    """Patch `loaded.model` with RUN_DIR's winners, compare outputs with the original, time both.
+                     warmup: int = 3, mode: str = "compile", inductor_mode: str | None = None) -> dict:
+    """Eager, torch.compile and kforge (RUN_DIR's winners in `mode`) on `loaded`, side by side.
 
     Returns DESIGN.md's `apply --json` fields plus detail: max_abs_err, max_rel_err,
-    within_tolerance, eager_ms, patched_ms, speedup, kernels_used {task_id: calls},
-    fallbacks {what: calls}, skipped {task_id: why}. The model is left unpatched afterwards.
+    within_tolerance, eager_ms, compile_ms, patched_ms, speedup (eager / kforge),
+    speedup_vs_compile (torch.compile / kforge), mode, kernels_used {task_id: calls},
+    fallbacks, skipped {task_id: why}. `loaded.model` itself is left as it was.
     """
+    import torch
+
     model, inputs = loaded.model, loaded.example_inputs
-    loader.uninstall(model)
-    prep = prepare(run_dir, min_speedup=min_speedup, ops=ops)
+    rt.uninstall(model)
+    prep = prepare(run_dir, min_speedup=min_speedup, ops=ops, mode=mode)
     base = {"run_dir": str(run_dir), "message": prep.message, "skipped": prep.skipped,
-            "kernels": [], "kernels_used": {}, "fallbacks": {}}
+            "kernels": [], "kernels_used": {}, "fallbacks": {}, "mode": mode,
+            "inductor_mode": inductor_mode or "default"}
     if not prep.specs:
         return dict(base, max_abs_err=0.0, max_rel_err=0.0, within_tolerance=True, eager_ms=None,
-                    patched_ms=None, speedup=None, inputs_checked=0)
-    runtime = loader.Runtime([loader.Kernel(s) for s in prep.specs])
+                    compile_ms=None, patched_ms=None, speedup=None, speedup_vs_compile=None,
+                    inputs_checked=0)
+    runtime = rt.Runtime([rt.Kernel(s) for s in prep.specs])
+    rt.region_op()
+    rt._RUNTIMES[id(runtime)] = runtime
+    be = rt.KforgeBackend(runtime, backend_of(prep), mode, inductor_mode)
+    rt._RETIRED.append(be)  # never freed: dynamo guards cached graphs on id(backend)
+    kforge_fn = torch.compile(model, backend=be, dynamic=False)
+    compile_fn = torch.compile(model, mode=inductor_mode, dynamic=False) if mode == "compile" else None
     sets = [inputs] + [fresh_like(inputs, seed) for seed in range(1, fresh_inputs + 1)]
     device_type = _device_type(loaded)
-
-    ref = [_forward(model, s) for s in sets]
-    loader.install(model, runtime)
     try:
-        got = [_forward(model, s) for s in sets]
+        ref = [_forward(model, s) for s in sets]
+        got = [_forward(kforge_fn, s) for s in sets]
+        calls = dict(runtime.counts)
+        fallbacks = runtime.fallbacks
+
+        cmp = {"max_abs_err": 0.0, "max_rel_err": 0.0, "within_tolerance": True, "notes": []}
+        for i, (r, g) in enumerate(zip(ref, got)):
+            c = compare(r, g)
+            cmp["max_abs_err"] = max(cmp["max_abs_err"], c["max_abs_err"])
+            cmp["max_rel_err"] = max(cmp["max_rel_err"], c["max_rel_err"])
+            cmp["within_tolerance"] &= c["within_tolerance"]
+            label = "example inputs" if i == 0 else f"fresh inputs {i}"
+            cmp["notes"] += [f"{label}: {n}" for n in c["notes"]]
+        if not cmp["within_tolerance"]:
+            # A fixed element-wise tolerance is too strict for deep models: rounding differences
+            # of a few ulps in one region grow through the layers after it (and torch.compile's
+            # own fusions change them too). The fair question is whether kforge's model is as
+            # close to the exact answer as the original: compare both against a higher-precision
+            # run of the original model on the same inputs.
+            f64 = float64_judgement(model, sets[0], ref[0], got[0])
+            cmp["float64_check"] = f64
+            if f64.get("verdict") == "as accurate":
+                cmp["within_tolerance"] = True
+                cmp["notes"].append(f"accepted: against a float64 run, kforge's error "
+                                    f"{f64['patched_err']:.3g} <= {F64_FACTOR:g} x eager's own error "
+                                    f"{f64['eager_err']:.3g}")
+            else:
+                cmp["notes"].append(f"float64 check: {f64.get('verdict')}")
+
+        fns = {"eager": model, "kforge": kforge_fn}
+        if compile_fn is not None:
+            fns = {"eager": model, "compile": compile_fn, "kforge": kforge_fn}
+            _forward(compile_fn, inputs)  # compile outside the timed loop
+        runtime.reset_counts()
+        times = _time_alternated(fns, inputs, device_type, iters, warmup)
     finally:
-        loader.uninstall(model)
-    calls = dict(runtime.counts)
-    fallbacks = runtime.fallbacks
-
-    cmp = {"max_abs_err": 0.0, "max_rel_err": 0.0, "within_tolerance": True, "notes": []}
-    for i, (r, g) in enumerate(zip(ref, got)):
-        c = compare(r, g)
-        cmp["max_abs_err"] = max(cmp["max_abs_err"], c["max_abs_err"])
-        cmp["max_rel_err"] = max(cmp["max_rel_err"], c["max_rel_err"])
-        cmp["within_tolerance"] &= c["within_tolerance"]
-        label = "example inputs" if i == 0 else f"fresh inputs {i}"
-        cmp["notes"] += [f"{label}: {n}" for n in c["notes"]]
-
-    if not cmp["within_tolerance"]:
-        # A fixed element-wise tolerance is too strict for deep models: rounding differences of a
-        # few ulps in one op grow through the layers after it. The fair question is whether the
-        # patched model is as close to the exact answer as the original: compare both against a
-        # higher-precision run of the original model on the same inputs (MoE routing, for one,
-        # flips on ulp differences, in eager as much as in the patched model).
-        f64 = float64_judgement(model, sets[0], ref[0], got[0])
-        cmp["float64_check"] = f64
-        if f64.get("verdict") == "as accurate":
-            cmp["within_tolerance"] = True
-            cmp["notes"].append(f"accepted: against a float64 run, patched error {f64['patched_err']:.3g} "
-                                f"<= {F64_FACTOR:g} x eager's own error {f64['eager_err']:.3g}")
-        else:
-            cmp["notes"].append(f"float64 check: {f64.get('verdict')}")
-
-    eager, patched = _time_interleaved(model, inputs, runtime, device_type, iters, warmup)
-    eager_ms, patched_ms = statistics.median(eager), statistics.median(patched)
+        rt._RUNTIMES.pop(id(runtime), None)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    spreads = {k: _spread(v) for k, v in times.items()}
     kernels = [{"task_id": s["task_id"], "op": s["op"], "shape": s["shape"], "dtype": s["dtype"],
-                "op_speedup": s["speedup"], "calls": calls.get(s["task_id"], 0)} for s in prep.specs]
-    spreads = _spread(eager), _spread(patched)
-    return dict(base, **cmp, eager_ms=eager_ms, patched_ms=patched_ms,
-                speedup=eager_ms / patched_ms if patched_ms > 0 else None,
-                eager_spread=spreads[0], patched_spread=spreads[1], noisy=max(spreads) > NOISY_SPREAD,
+                "op_speedup": s["speedup"], "sites": runtime.replaced.get(s["task_id"], 0),
+                "calls": calls.get(s["task_id"], 0)} for s in prep.specs]
+    comp = med.get("compile")
+    return dict(base, **cmp, eager_ms=med["eager"], compile_ms=comp, patched_ms=med["kforge"],
+                speedup=med["eager"] / med["kforge"] if med["kforge"] > 0 else None,
+                speedup_vs_compile=(comp / med["kforge"]) if comp and med["kforge"] > 0 else None,
+                eager_spread=spreads["eager"], compile_spread=spreads.get("compile"),
+                patched_spread=spreads["kforge"], noisy=max(spreads.values()) > NOISY_SPREAD,
                 kernels=kernels, kernels_used={k: n for k, n in calls.items() if n},
-                fallbacks=fallbacks, inputs_checked=len(sets), iters=len(eager),
+                fallbacks=fallbacks, inputs_checked=len(sets), iters=len(times["eager"]),
                 method=(f"wall clock{' with cuda sync' if device_type == 'cuda' else ''}, {warmup} "
-                        f"warm-up, eager/patched alternated, median of {len(eager)}"))
+                        f"warm-up, {'/'.join(fns)} alternated, median of {len(times['eager'])}"))
+
+
+def check_with_fallback(loaded, run_dir, mode: str | None, inductor_mode: str | None) -> dict:
+    """The end-to-end check in the asked mode; with none asked, compile mode, and eager mode
+    (with the reason) when torch.compile cannot compile the model."""
+    from kforge_tui.errors import UsageError
+
+    if mode:
+        report = check_end_to_end(loaded, run_dir, mode=mode, inductor_mode=inductor_mode)
+        report["mode_reason"] = f"--mode {mode}"
+        return report
+    try:
+        report = check_end_to_end(loaded, run_dir, mode="compile", inductor_mode=inductor_mode)
+        report["mode_reason"] = "default: kernels inside torch.compile"
+        return report
+    except UsageError:
+        raise
+    except Exception as e:  # Inductor could not compile this model: the eager rewrite still can
+        why = f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
+        report = check_end_to_end(loaded, run_dir, mode="eager")
+        report["mode_reason"] = f"{why}; fell back to eager mode"
+        return report
 
 
 F64_FACTOR = 2.0  # patched may be at most this many times further from float64 than eager is

@@ -1,11 +1,14 @@
 """`kforge export RUN_DIR OUT_DIR`: a package that needs only torch to put the winners in.
 
-OUT_DIR becomes an importable package: `__init__.py` (apply(model) / remove(model)),
-`_loader.py` (a verbatim copy of integrate/loader.py, which imports only torch/ctypes/stdlib),
-`kernels/` (each winner's source and its prebuilt binary) and `manifest.json` (op, shapes,
-dtypes, measured speedups, device, date). Binaries are built for the architecture the run was
-verified on; on another GPU/CPU the package rebuilds them from source when a compiler is there,
-else apply() raises one clear error naming both architectures.
+OUT_DIR becomes an importable package: `__init__.py` (apply(model) / remove(model)), `_kforge/`
+(verbatim copies of integrate/runtime.py and of regions/graph.py, partition.py and trace.py,
+which import only torch and the standard library: the torch.compile backend, the custom op and
+the partitioner that finds the regions again), `kernels/` (each winner's source, its ABI header
+and its prebuilt binary) and `manifest.json` (regions, shapes, dtypes, measured speedups,
+device, compile flags, date). `apply(model)` compiles the model in place with the kforge
+backend, as `kforge_tui.apply` does. Binaries are built for the architecture the run was
+verified on; on another GPU/CPU the package rebuilds them from source when a compiler is
+there, else apply() raises one clear error naming both architectures.
 """
 from __future__ import annotations
 
@@ -15,23 +18,23 @@ import shutil
 from pathlib import Path
 
 from kforge_tui.errors import UsageError, WorkFailed
-from kforge_tui.integrate import loader
+from kforge_tui.integrate import runtime as rt
 from kforge_tui.integrate.patch import build, spec_for, winners
 
-FORMAT = 1
+FORMAT = 2
 
 INIT_TEMPLATE = '''"""Kernels found by kforge-tui for {model!r} ({n} kernel(s), {arch}, exported {date}).
 
 Needs only torch. Usage:
     import {name}
-    {name}.apply(model)    # matching op calls now run the kernels; everything else stays PyTorch
+    {name}.apply(model)    # compiles model in place; the exported regions run these kernels
     {name}.remove(model)
-See manifest.json for ops, shapes, dtypes and measured speedups.
+See manifest.json for regions, shapes, dtypes and measured speedups.
 """
 import json as _json
 from pathlib import Path as _Path
 
-from . import _loader
+from ._kforge import runtime as _loader
 
 _HERE = _Path(__file__).resolve().parent
 manifest = _json.loads((_HERE / "manifest.json").read_text())
@@ -46,9 +49,10 @@ def runtime():
     return _runtime
 
 
-def apply(model):
-    """Route `model`'s calls of the exported op/shape/dtype combinations to the kernels."""
-    _loader.install(model, runtime())
+def apply(model, mode="compile", inductor_mode=None):
+    """Compile `model` in place (torch.compile with the kforge backend): each exported region
+    runs its kernel, everything else is Inductor's (mode="eager": run eagerly instead)."""
+    _loader.install(model, runtime(), manifest["backend"], mode=mode, inductor_mode=inductor_mode)
     return model
 
 
@@ -77,15 +81,16 @@ def _check_out_dir(out: Path) -> None:
         raise UsageError(f"{out} exists, is not empty and is not an earlier export; choose another OUT_DIR")
 
 
-def export_run(run_dir, out_dir, *, min_speedup: float = 1.02) -> Path:
-    """Write RUN_DIR's verified winners (speedup >= min_speedup) as a torch-only package."""
+def export_run(run_dir, out_dir, *, min_speedup: float = 1.02, mode: str = "compile") -> Path:
+    """Write RUN_DIR's verified winners (gated as `apply` gates them in `mode`) as a
+    torch-only package."""
     from kforge_tui import __version__
     from kforge_tui.device import nvcc_path
     from kforge_tui.sandbox.compile import compile_flags
 
     out = Path(out_dir).resolve()
     _check_out_dir(out)
-    rows, skipped, info, n = winners(run_dir, min_speedup=min_speedup)
+    rows, skipped, info, n = winners(run_dir, min_speedup=min_speedup, mode=mode)
     if not rows:
         why = "; ".join(f"{k}: {v}" for k, v in list(skipped.items())[:3])
         raise WorkFailed(f"nothing to export: no verified kernel in {run_dir} ({n} task(s)"
@@ -105,7 +110,7 @@ def export_run(run_dir, out_dir, *, min_speedup: float = 1.02) -> Path:
         arch_label = build_arch
     else:
         # -march=native binaries are for this CPU; record it so another CPU rebuilds
-        build_arch, arch_label = "native", loader.current_arch("cpu")
+        build_arch, arch_label = "native", rt.current_arch("cpu")
 
     kdir = out / "kernels"
     if kdir.exists():
@@ -114,28 +119,40 @@ def export_run(run_dir, out_dir, *, min_speedup: float = 1.02) -> Path:
     kdir.mkdir(parents=True)
     ext = ".cu" if backend == "cuda" else ".cpp"
     entries = []
+    from kforge_tui.regions.task import Task
+
     for row in rows:
         tid = row["task_id"]
+        task = Task.from_json(row["task"])
         try:
-            lib = build(row["source"], backend, build_arch, Path(run_dir) / "cache")
+            lib = build(row["source"], task, build_arch, Path(run_dir) / "cache")
         except Exception as e:
             raise WorkFailed(f"cannot build {tid} for {arch_label}: {e}") from None
         (kdir / f"{tid}{ext}").write_text(row["source"])
+        (kdir / f"{tid}.h").write_text(task.header())
         shutil.copyfile(lib, kdir / f"{tid}.so")
         spec = spec_for(row["task"], "", row)
         spec.pop("lib")
-        spec.update(source=f"kernels/{tid}{ext}", binary=f"kernels/{tid}.so")
+        spec.update(source=f"kernels/{tid}{ext}", header=f"kernels/{tid}.h",
+                    binary=f"kernels/{tid}.so")
         entries.append(spec)
     import torch
 
     manifest = {"format": FORMAT, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 "kforge_version": __version__, "torch_version": torch.__version__,
                 "model": info.get("model"), "backend": backend, "arch": arch_label,
-                "device": device, "compile_flags": compile_flags(backend, build_arch),
+                "device": device, "flags": [f.replace(build_arch, "{arch}") for f in compile_flags(backend, build_arch)],
                 "min_speedup": min_speedup, "kernels": entries,
                 "left_to_pytorch": skipped}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-    shutil.copyfile(loader.__file__, out / "_loader.py")
+    from kforge_tui.regions import graph, partition, trace
+
+    pkg = out / "_kforge"
+    shutil.rmtree(pkg, ignore_errors=True)
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('"""kforge runtime (copied from kforge-tui; needs only torch)."""\n')
+    for mod in (rt, graph, partition, trace):
+        shutil.copyfile(mod.__file__, pkg / Path(mod.__file__).name)
     (out / "__init__.py").write_text(INIT_TEMPLATE.format(
         model=info.get("model"), n=len(entries), arch=arch_label, date=manifest["created"][:10],
         name=out.name))

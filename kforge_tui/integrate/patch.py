@@ -1,9 +1,16 @@
 """Put a run's verified winners into a live model: `apply(model, run_dir)` / `remove(model)`.
 
-This module decides *which* kernels go in (read from the run store, gated by measured speedup,
-built with the sandbox compiler); `loader.py` does the routing at call time and is the part
-that also ships inside exports. The model's source is never edited and no new class is needed:
-see loader.py for the mechanism and why.
+This module decides *which* kernels go in (read from the run store, gated by measured speedup
+against what they replace, built with the sandbox compiler); `runtime.py` does the rest — the
+torch.compile backend, the custom op and the graph rewrite — and is the part that also ships
+inside exports. The model's source is never edited.
+
+Modes:
+  * "compile" (default): the model is compiled in place with the kforge backend; a region's
+    kernel goes in only when it beat torch.compile's own version of that region (timed in the
+    same worker), since everything around it is Inductor's;
+  * "eager": the same graph rewrite with the rest of the graph run eagerly, for when Inductor
+    cannot compile the model; a kernel goes in when it beat eager PyTorch.
 """
 from __future__ import annotations
 
@@ -12,100 +19,101 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kforge_tui.errors import UsageError
-from kforge_tui.integrate import loader
+from kforge_tui.integrate import runtime as rt
 
 COMPILE_TIMEOUT_S = 300.0
-# What a call through the wrapper costs beyond the kernel time the search measured (key lookup
-# and checks ~0.9 us, output alloc/free ~1.2 us, ctypes call ~1.3 us: ~4 us over eager's own
-# dispatch, measured on the loaded 2-core CI CPU). On cuda the host cost overlaps device work
-# unless the model is launch-bound; the end-to-end check is the final word.
-CALL_OVERHEAD_US = {"cpu": 4.0, "cuda": 2.0}
 
 
 @dataclass
 class Prepared:
-    """Kernel specs ready for loader.Kernel, and why the other tasks were left to PyTorch."""
+    """Kernel specs ready for runtime.Kernel, and why the other tasks were left out."""
 
     specs: list[dict] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # task_id -> reason
     n_tasks: int = 0
     device: dict = field(default_factory=dict)  # the run's device facts (what it was verified on)
+    mode: str = "compile"
     message: str = ""
 
 
-def winners(run_dir, *, min_speedup: float = 1.02, ops: list[str] | None = None):
-    """(task rows worth integrating with their winning source, skipped {task_id: reason}, run info)."""
-    from kforge_tui.store import RunStore
-    from kforge_tui.workload import catalogue
+def _gate(t: dict, mode: str, min_speedup: float) -> str:
+    """Why task row `t` is not integrated in `mode` ("" when it is)."""
+    best, eager, comp = t.get("best_us"), t.get("baseline_us"), t.get("compiled_us")
+    if not best:
+        return "no timed kernel"
+    if mode == "compile" and comp:
+        if comp / best < min_speedup:
+            return (f"{best:.3g} us is not {min_speedup:.2f}x faster than torch.compile's "
+                    f"{comp:.3g} us for this region (left to Inductor)")
+        return ""
+    if not eager or eager / best < min_speedup:
+        return (f"measured {eager / best if eager else 0:.2f}x over eager is below the "
+                f"{min_speedup:.2f}x gate (left to PyTorch)")
+    return ""
 
-    if ops is not None:
-        for op in ops:
-            catalogue.get(op)  # UsageError naming the known ops
+
+def winners(run_dir, *, min_speedup: float = 1.02, ops: list[str] | None = None,
+            mode: str = "compile"):
+    """(task rows worth integrating with their winning source, skipped {task_id: reason},
+    run info, number of tasks)."""
+    from kforge_tui.regions.task import Task
+    from kforge_tui.store import RunStore
+    from kforge_tui.workload.select import matches
+
     store = RunStore.open(run_dir, readonly=True)
     try:
         info = store.run_info()
         rows, skipped = [], {}
         tasks = store.tasks()
+        if ops:
+            known = [Task.from_json(t["task"]) for t in tasks]
+            unknown = [o for o in ops if not any(matches(k, o) for k in known)]
+            if unknown:
+                raise UsageError(f"no task of {run_dir} matches {', '.join(unknown)}; it has: "
+                                 f"{', '.join(sorted({t['op'] for t in tasks}))}")
         for t in tasks:
             tid = t["task_id"]
-            if ops is not None and t["op"] not in ops:
-                skipped[tid] = f"op {t['op']} not selected"
+            task = Task.from_json(t["task"])
+            why = ""
+            if ops and not any(matches(task, o) for o in ops):
+                why = f"{t['op']} not selected"
             elif not t["verified"] or t["best_node"] is None:
-                skipped[tid] = "no verified kernel"
-            elif t["op"] not in loader.OP_INPUTS:
-                skipped[tid] = f"no call-site integration for {t['op']} yet"
-            elif (t["speedup"] or 0.0) < min_speedup:
-                skipped[tid] = (f"measured speedup {t['speedup'] or 0:.2f}x is below the "
-                                f"{min_speedup:.2f}x gate (left to PyTorch so the model is not slowed)")
-            elif _with_overhead(t) < min_speedup:
-                skipped[tid] = (f"speedup {t['speedup']:.2f}x falls to {_with_overhead(t):.2f}x once the "
-                                f"~{_overhead(t):.0f} us per-call dispatch cost is added: below the "
-                                f"{min_speedup:.2f}x gate, left to PyTorch")
+                why = "no verified kernel"
             else:
-                node = store.node(t["best_node"])
-                if not node.get("source"):
-                    skipped[tid] = f"best node {t['best_node']} has no source"
-                else:
-                    rows.append(dict(t, source=node["source"]))
+                why = _gate(t, mode, min_speedup)
+            if why:
+                skipped[tid] = why
+                continue
+            node = store.node(t["best_node"])
+            if not node.get("source"):
+                skipped[tid] = f"best node {t['best_node']} has no source"
+            else:
+                rows.append(dict(t, source=node["source"]))
         return rows, skipped, info, len(tasks)
     finally:
         store.close()
 
 
-def _overhead(t: dict) -> float:
-    return CALL_OVERHEAD_US.get((t.get("task") or {}).get("backend", "cpu"), 2.0)
-
-
-def _with_overhead(t: dict) -> float:
-    """The task's speedup once the wrapper's per-call cost is added to the kernel's time."""
-    base, best = t.get("baseline_us"), t.get("best_us")
-    if not base or not best:
-        return t["speedup"] or 0.0
-    return base / (best + _overhead(t))
-
-
 def spec_for(task_json: dict, lib_path: str, row: dict) -> dict:
-    """What loader.Kernel needs about one task: no kforge import is needed to use it."""
-    from kforge_tui.task import Task
-    from kforge_tui.workload import catalogue
+    """What runtime.Kernel needs about one task: no kforge import is needed to use it."""
+    from kforge_tui.regions.task import Task
 
     task = Task.from_json(task_json)
-    sig = catalogue.signature(task)
-    return {"task_id": task.task_id, "op": task.op, "backend": task.backend,
-            "signature": [[p.name, p.kind] for p in sig.params],
-            "scalars": catalogue.scalar_args(task),
-            "inputs": [m.to_json() for m in task.inputs], "output": task.output.to_json(),
-            "params": task.params, "lib": str(lib_path), "dtype": task.dtype,
-            "shape": list(task.shape), "speedup": row.get("speedup"),
-            "baseline_us": row.get("baseline_us"), "best_us": row.get("best_us"),
-            "node": row.get("best_node")}
+    return {"task_id": task.task_id, "key": task.key, "op": task.op, "kind": task.kind,
+            "backend": task.backend, "graph": task.graph,
+            "inputs": [m.to_json() for m in task.inputs],
+            "outputs": [m.to_json() for m in task.outputs], "lib": str(lib_path),
+            "dtype": task.dtype, "shape": list(task.shape), "speedup": row.get("speedup"),
+            "baseline_us": row.get("baseline_us"), "compiled_us": row.get("compiled_us"),
+            "best_us": row.get("best_us"), "node": row.get("best_node")}
 
 
-def build(source: str, backend: str, arch: str, cache_dir: Path) -> str:
+def build(source: str, task, arch: str, cache_dir: Path) -> str:
     """Compile one winner with the sandbox compiler (cached by hash in RUN_DIR/cache)."""
     from kforge_tui.sandbox.compile import compile_candidate_sync
 
-    res = compile_candidate_sync(source, backend, arch, cache_dir, COMPILE_TIMEOUT_S)
+    res = compile_candidate_sync(source, task.backend, arch, cache_dir, COMPILE_TIMEOUT_S,
+                                 header=task.header())
     if not res.ok:
         why = res.message or ((res.log or "").strip().splitlines() or ["no compiler output"])[-1]
         raise RuntimeError(f"compile failed: {why[:200]}")
@@ -113,22 +121,27 @@ def build(source: str, backend: str, arch: str, cache_dir: Path) -> str:
 
 
 def prepare(run_dir, *, min_speedup: float = 1.02, ops: list[str] | None = None,
-            arch: str | None = None) -> Prepared:
-    """Choose the winners of RUN_DIR worth integrating and build them for this machine."""
+            arch: str | None = None, mode: str = "compile") -> Prepared:
+    """Choose the winners of RUN_DIR worth integrating in `mode` and build them for this machine."""
     from kforge_tui.device import cuda_available, device_info
+    from kforge_tui.regions.task import Task
 
-    rows, skipped, info, n = winners(run_dir, min_speedup=min_speedup, ops=ops)
-    prep = Prepared(skipped=skipped, n_tasks=n, device=info.get("device") or {})
+    if mode not in rt.MODES:
+        raise UsageError(f"mode must be one of {', '.join(rt.MODES)}, not {mode!r}")
+    rows, skipped, info, n = winners(run_dir, min_speedup=min_speedup, ops=ops, mode=mode)
+    prep = Prepared(skipped=skipped, n_tasks=n, device=info.get("device") or {}, mode=mode)
     cache = Path(run_dir) / "cache"
     for row in rows:
-        tj = row["task"]
-        backend = tj.get("backend", "cpu")
-        if backend == "cuda" and not cuda_available():
+        task = Task.from_json(row["task"])
+        if task.backend == "cuda" and not cuda_available():
             prep.skipped[row["task_id"]] = "a cuda kernel, and no CUDA GPU is visible here"
             continue
+        if task.backend not in ("cuda", "cpu"):
+            prep.skipped[row["task_id"]] = f"no integration for {task.backend} kernels here"
+            continue
         try:
-            lib = build(row["source"], backend, arch or device_info(backend).arch, cache)
-            prep.specs.append(spec_for(tj, lib, row))
+            lib = build(row["source"], task, arch or device_info(task.backend).arch, cache)
+            prep.specs.append(spec_for(row["task"], lib, row))
         except Exception as e:  # one bad winner must not stop the others from going in
             prep.skipped[row["task_id"]] = f"{type(e).__name__}: {e}"
     if not prep.specs:
@@ -136,26 +149,32 @@ def prepare(run_dir, *, min_speedup: float = 1.02, ops: list[str] | None = None,
         prep.message = (f"no verified kernel to apply from {run_dir} ({n} task(s)"
                         + (f"; {why}" if why else "") + "); the model is unchanged")
     else:
-        prep.message = f"{len(prep.specs)} of {n} task(s) integrated"
+        prep.message = f"{len(prep.specs)} of {n} task(s) integrated ({mode} mode)"
     return prep
 
 
-class Patch:
-    """An applied run: which kernels are active and how often they were called. Undo with
-    `remove()` or by leaving a `with` block."""
+def backend_of(prep: Prepared) -> str:
+    return prep.specs[0]["backend"] if prep.specs else "cpu"
 
-    def __init__(self, model, runtime: loader.Runtime | None, prep: Prepared):
+
+class Patch:
+    """An applied run: which kernels are in and how often they ran. Undo with `remove()` or by
+    leaving a `with` block (the model is then uncompiled again)."""
+
+    def __init__(self, model, runtime: rt.Runtime | None, prep: Prepared):
         self.model = model
         self.runtime = runtime
+        self.mode = prep.mode
         self.skipped = dict(prep.skipped)
         self.message = prep.message
         self.kernels: list[dict] = [
-            {k: s[k] for k in ("task_id", "op", "shape", "dtype", "params", "speedup", "baseline_us",
-                               "best_us", "node", "backend")} for s in prep.specs]
+            {k: s.get(k) for k in ("task_id", "op", "kind", "shape", "dtype", "speedup",
+                                   "baseline_us", "compiled_us", "best_us", "node", "backend")}
+            for s in prep.specs]
 
     @property
     def active(self) -> bool:
-        return self.runtime is not None and loader.runtime_of(self.model) is self.runtime
+        return self.runtime is not None and rt.runtime_of(self.model) is self.runtime
 
     @property
     def counts(self) -> dict[str, int]:
@@ -164,12 +183,11 @@ class Patch:
 
     @property
     def fallbacks(self) -> dict[str, int]:
-        """'op [shape] dtype: reason' -> calls of a patched op that went to PyTorch."""
         return self.runtime.fallbacks if self.runtime else {}
 
     def remove(self) -> None:
         if self.active:
-            loader.uninstall(self.model)
+            rt.uninstall(self.model)
 
     def __enter__(self) -> "Patch":
         return self
@@ -181,26 +199,29 @@ class Patch:
         return f"<kforge Patch: {self.message}>"
 
 
-def apply(model, run_dir, *, min_speedup: float = 1.02, ops: list[str] | None = None) -> Patch:
-    """Make `model` call RUN_DIR's verified kernels for the exact op/shape/dtype they won on.
+def apply(model, run_dir, *, mode: str = "compile", inductor_mode: str | None = None,
+          min_speedup: float = 1.02, ops: list[str] | None = None) -> Patch:
+    """Compile `model` in place so that RUN_DIR's verified kernels run for the exact regions,
+    shapes, dtypes and strides they won on; everything else is torch.compile's (or eager's).
 
-    With nothing to apply this is a no-op that says so (a warning and `Patch.message`); the
-    CLI turns that into exit 1.
+    With nothing to apply in compile mode the model is still compiled (the user asked for the
+    compiled model) and a warning says no kernel went in; in eager mode it is left unchanged.
     """
     import torch
 
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"apply() needs a torch.nn.Module, got {type(model).__name__}")
-    prep = prepare(run_dir, min_speedup=min_speedup, ops=ops)
+    prep = prepare(run_dir, min_speedup=min_speedup, ops=ops, mode=mode)
     if not prep.specs:
         warnings.warn(prep.message, stacklevel=2)
-        loader.uninstall(model)
-        return Patch(model, None, prep)
-    runtime = loader.Runtime([loader.Kernel(s) for s in prep.specs])
-    loader.install(model, runtime)
+        rt.uninstall(model)
+        if mode == "eager":
+            return Patch(model, None, prep)
+    runtime = rt.Runtime([rt.Kernel(s) for s in prep.specs])
+    rt.install(model, runtime, backend_of(prep), mode=mode, inductor_mode=inductor_mode)
     return Patch(model, runtime, prep)
 
 
 def remove(model) -> None:
     """Undo apply() on `model` (a no-op when nothing is applied)."""
-    loader.uninstall(model)
+    rt.uninstall(model)
