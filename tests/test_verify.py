@@ -1,166 +1,461 @@
-"""Verification and timing logic (sandbox/verify.py, sandbox/bench.py) with in-process callables
-standing in for kernels: each test shows a specific way of being wrong is caught, and that an
-honest implementation is not."""
+"""Verification and timing logic (sandbox/verify.py, sandbox/bench.py) on region tasks, with
+in-process callables standing in for kernels: each test shows a specific way of being wrong is
+caught (and would not be without its defence), and that an honest implementation is not."""
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
 import pytest
 import torch
 
+from kforge_tui.regions.build import task_of
+from kforge_tui.regions.meta import KERNEL_DTYPES, TensorStats
 from kforge_tui.sandbox import bench, verify
 from kforge_tui.sandbox.backends.cpu import CpuBackend
-from kforge_tui.task import SUPPORTED_DTYPES, TensorStats
-from kforge_tui.workload import catalogue
+
+F = torch.nn.functional
 
 
+@functools.lru_cache(maxsize=None)
 def softmax_task(shape=(8, 64), dtype=torch.float32):
-    x = torch.randn(*shape).to(dtype)
-    return catalogue.make_task("softmax", {"x": x}, {"dim": -1}, torch.softmax(x, -1))
+    return task_of(lambda x: torch.softmax(x, -1), (torch.randn(*shape).to(dtype),), backend="cpu")
 
 
-def sets_for(task, calls=(), n_random=3):
-    return verify.build_sets(task, list(calls), n_random, "cpu", 1234,
-                             lambda inp: catalogue.reference(task, inp), min_sets=4)[0]
+def gm_reference(task):
+    from kforge_tui.regions.graph import to_graph_module
+
+    gm = to_graph_module(task.graph, "cpu")
+
+    def ref(inputs):
+        with torch.no_grad():
+            out = gm(*inputs)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+    return ref
+
+
+def sets_for(task, calls=(), n_random=3, seed=1234, max_sets=None):
+    sets, note, _ = verify.build_sets(task, list(calls), n_random, "cpu", seed, gm_reference(task),
+                                      min_sets=4, max_sets=max_sets)
+    return sets
 
 
 def honest(task):
+    ref = gm_reference(task)
+
     def call(s):
-        s.out.tensor.copy_(catalogue.reference(task, s.tensors()))
+        for o, r in zip(s.outputs, ref(s.tensors())):
+            o.tensor.copy_(r)
         return 0
     return call
 
 
-def test_tolerance_table_covers_every_supported_dtype():
-    for dt in SUPPORTED_DTYPES:
+def run(task, call, sets=None, seed=7, edge=True, **kw):
+    sets = sets if sets is not None else sets_for(task)
+    v = verify.Verifier(task, sets, call, gm_reference(task), seed=seed, edge=edge,
+                        reference64=verify.reference64(task, "cpu"), **kw)
+    return v, (v.before_timing() or v.after_timing())
+
+
+# ------------------------------------------------------------------------ tolerances, compare
+
+def test_tolerance_table_covers_every_kernel_dtype():
+    for dt in KERNEL_DTYPES:
         rtol, atol = verify.tolerance(dt)
-        assert 0 < rtol < 0.05 and 0 < atol < 0.05
+        if dt in verify.EXACT_DTYPES:
+            assert (rtol, atol) == (0.0, 0.0)
+        else:
+            assert 0 < rtol < 0.05 and 0 < atol < 0.05
 
 
 def test_compare_accepts_reordered_f32_and_rejects_bf16_rounding():
     x = torch.randn(16, 4096)
     ref = torch.softmax(x, -1)
-    reordered = torch.softmax(x.double(), -1).float()  # a different (more exact) summation
+    reordered = torch.softmax(x.double(), -1).float()
     assert verify.compare(ref, reordered, "float32", "random[0]") is None
     rounded = ref.to(torch.bfloat16).float()
     mm = verify.compare(ref, rounded, "float32", "random[0]")
     assert mm is not None and "values differ" in mm.reason and mm.input_set == "random[0]"
-    assert mm.max_rel_err > 1e-3 and mm.mismatched > 0 and len(mm.first) == verify.FIRST_N
+    assert mm.max_rel_err > 1e-3 and len(mm.first) == verify.FIRST_N
     first = mm.first[0]
-    assert ref.reshape(-1)[first["index"][0] * 4096 + first["index"][1]].item() == pytest.approx(first["expected"])
+    assert ref[first["index"][0], first["index"][1]].item() == pytest.approx(first["expected"])
 
 
-def test_compare_nan_rules():
+def test_compare_nan_rules_and_poison():
     ref = torch.tensor([1.0, float("nan"), float("inf"), -2.0])
-    assert verify.compare(ref, ref.clone(), "float32", "s") is None  # NaN matches NaN, inf matches inf
+    assert verify.compare(ref, ref.clone(), "float32", "s") is None
     got = ref.clone(); got[0] = float("nan")
     assert "NaN where the reference is finite" in verify.compare(ref, got, "float32", "s").reason
     got = ref.clone(); got[1] = 0.0
     assert "finite where the reference is NaN" in verify.compare(ref, got, "float32", "s").reason
-    got = ref.clone(); got[3] = verify.SENTINEL
-    assert "unwritten" in verify.compare(ref, got, "float32", "s", poison=verify.SENTINEL).reason
+    poison = torch.tensor([5.0, 6.0, 7.0, 8.0])
+    got = ref.clone(); got[3] = 8.0
+    assert "poison survived" in verify.compare(ref, got, "float32", "s", poison).reason
 
 
-def test_honest_candidate_passes_every_dtype():
+def test_integer_and_bool_outputs_must_match_exactly():
+    e = torch.tensor([1, 2, 3], dtype=torch.int64)
+    assert verify.compare(e, e.clone(), "int64", "s") is None
+    mm = verify.compare(e, torch.tensor([1, 2, 4]), "int64", "s")
+    assert mm is not None and mm.mismatched == 1 and "exact" in mm.reason
+    b = torch.tensor([True, False])
+    assert verify.compare(b, torch.tensor([True, True]), "bool", "s").mismatched == 1
+    big = torch.tensor([2**60 + 1])  # beyond float64's integers: compared natively
+    assert verify.compare(big, torch.tensor([2**60]), "int64", "s") is not None
+
+
+def test_chunked_compare_matches_unchunked(monkeypatch):
+    x = torch.randn(64, 300)
+    got = x.clone(); got[17, 5] += 1.0; got[63, 299] = float("nan")
+    whole = verify.compare(x, got, "float32", "s")
+    monkeypatch.setattr(verify, "CHUNK", 1000)
+    chunked = verify.compare(x, got, "float32", "s")
+    assert whole.mismatched == chunked.mismatched == 2
+    assert [f["index"] for f in whole.first] == [f["index"] for f in chunked.first] == [[17, 5], [63, 299]]
+    strided = got.t().contiguous().t()  # same values, column-major strides
+    assert verify.compare(x, strided, "float32", "s").mismatched == 2
+
+
+# ------------------------------------------------------------------------ input sets
+
+def multi_output_task():
+    """x [6,10] f32, i [3] i64, an absent optional input -> sum, argmax, x > 0, x[i]."""
+    from kforge_tui.regions.meta import TensorMeta
+    from kforge_tui.regions.task import Task
+
+    r = lambda n: {"ref": n}  # noqa: E731
+    graph = {"inputs": ["x", "i", "b"],
+             "nodes": [{"name": "s", "target": "aten.sum.dim_IntList", "args": [r("x"), [-1]], "kwargs": {}},
+                       {"name": "a", "target": "aten.argmax.default", "args": [r("x"), -1], "kwargs": {}},
+                       {"name": "g", "target": "aten.gt.Scalar", "args": [r("x"), 0], "kwargs": {}},
+                       {"name": "ix", "target": "aten.index.Tensor", "args": [r("x"), [r("i")]], "kwargs": {}}],
+             "outputs": [r("s"), r("a"), r("g"), r("ix")]}
+    ins = (TensorMeta("x", (6, 10), "float32"), TensorMeta("i", (3,), "int64"), TensorMeta("b", None, "float32"))
+    outs = (TensorMeta("o0", (6,), "float32"), TensorMeta("o1", (6,), "int64"), TensorMeta("o2", (6, 10), "bool"),
+            TensorMeta("o3", (3, 10), "float32"))
+    return Task("multi", "reduction", graph, ins, outs, backend="cpu")
+
+
+def test_sets_cover_multiple_outputs_dtypes_and_absent_inputs():
+    task = multi_output_task()
+    sets = sets_for(task, calls=[{"inputs": [torch.randn(6, 10), torch.tensor([1, 3, 5]), None],
+                                  "stats": [None, TensorStats.of(torch.tensor([1, 3, 5])).__dict__, None]}])
+    for s in sets:
+        assert s.inputs[2] is None
+        assert [e.dtype for e in s.expected] == [torch.float32, torch.int64, torch.bool, torch.float32]
+        idx = s.inputs[1].tensor
+        assert idx.min() >= 1 and idx.max() <= 5  # integer draws stay in the captured range
+    v, mm = run(task, honest(task), sets)
+    assert mm is None, mm and mm.summary()
+
+
+def test_strided_inputs_and_outputs_keep_their_layout():
+    x = torch.randn(6, 64)
+    task = task_of(lambda a: F.silu(a[:, :32]) * a[:, 32:], (x,), backend="cpu")
+    t = task_of(lambda a: a.t() * 2, (torch.randn(5, 7),), backend="cpu")
+    sets = sets_for(t)
+    assert sets[0].outputs[0].tensor.stride() == tuple(t.outputs[0].strides)
+    assert sets[0].inputs[0].tensor.stride() == tuple(t.inputs[0].strides)
+    v, mm = run(t, honest(t))
+    assert mm is None
+    v, mm = run(task, honest(task))
+    assert mm is None
+
+
+def test_random_draws_follow_captured_statistics():
+    task = softmax_task((64, 512))
+    captured = (torch.randn(64, 512) * 3 + 10).clamp_(4, 15)
+    stats = [TensorStats.of(captured).__dict__]
+    sets, note, _ = verify.build_sets(task, [{"inputs": [captured], "stats": stats}], 3, "cpu", 7,
+                                      gm_reference(task), min_sets=4)
+    assert [s.name for s in sets] == ["captured[0]", "random[0]", "random[1]", "random[2]"]
+    assert "1 captured calls + 3 random draws" in note
+    for s in sets[1:]:
+        x = s.inputs[0].tensor
+        assert 9 < x.mean().item() < 11 and x.min().item() >= 4 and x.max().item() <= 15
+    few, _, _ = verify.build_sets(task, [], 3, "cpu", 7, gm_reference(task), min_sets=4, max_sets=2)
+    assert len(few) == 2
+
+
+# ------------------------------------------------------------------------ the procedure
+
+def test_honest_candidate_passes_every_float_dtype_and_edge_case():
     for dt in (torch.float32, torch.float16, torch.bfloat16):
         task = softmax_task(dtype=dt)
-        assert verify.verify_candidate(honest(task), sets_for(task), task.output.dtype, lambda: None) is None
+        v, mm = run(task, honest(task))
+        assert mm is None, mm.summary()
+        assert sorted(v.checks["edge_cases"]) == sorted(verify.EDGE_KINDS)  # softmax: masks too
+        assert v.checks["replay_checks"] >= 2
+
+
+def test_number_and_order_of_calls_vary():
+    task = softmax_task()
+    orders = []
+    for seed in range(6):
+        seen = []
+
+        def spy(s, seen=seen):
+            seen.append(s.name)
+            return honest(task)(s)
+        run(task, spy, seed=seed)
+        orders.append(tuple(seen))
+    assert len(set(orders)) == 6 and len({len(o) for o in orders}) > 1
+
+
+def test_poison_is_random_per_call_so_a_kernel_cannot_look_for_it():
+    """A kernel that computes only when the output holds "the poison" (a constant it learned)
+    is caught: the fill differs each call and is not a constant."""
+    task = softmax_task()
+    fills = []
+
+    def watcher(s):
+        fills.append(s.outputs[0].tensor.clone())
+        return honest(task)(s)
+    run(task, watcher)
+    flat = [f.reshape(-1) for f in fills]
+    assert all(f.unique().numel() > 16 for f in flat)  # never a uniform fill
+    garbage = [f for f in flat if (f < 0).any()]  # (the others are plausible stale outputs)
+    assert len(garbage) >= len(flat) // 2
+    assert len({float(f[0]) for f in garbage}) == len(garbage)  # new values every call
+
+    def skips_on_garbage(s):  # writes only when the buffer "looks poisoned" (huge values)
+        if s.outputs[0].tensor.abs().max() > 1e6:
+            return honest(task)(s)
+        return 0
+    v, mm = run(task, skips_on_garbage)
+    assert mm is not None and "poison survived" in mm.reason
+
+
+def test_output_that_looks_done_is_not_trusted():
+    """A kernel that leaves the output alone when it already looks like a softmax (true in a
+    timing loop without fills) meets a plausible stale output: another set's result."""
+    task = softmax_task()
+
+    def lazy(s):
+        y = s.outputs[0].tensor
+        if (y >= 0).all() and torch.allclose(y.sum(-1), torch.ones(y.shape[0]), atol=1e-3):
+            return 0
+        return honest(task)(s)
+    v, mm = run(task, lazy)
+    assert mm is not None and "poison survived" in mm.reason
+
+
+def test_guard_bytes_are_random_per_run():
+    task = softmax_task()
+    heads = []
+
+    def peek(s):
+        heads.append(bytes(s.outputs[0].head[:16].tolist()))
+        return honest(task)(s)
+    run(task, peek)
+    assert len(set(heads)) == len(heads)
+
+    def past_end(s):
+        honest(task)(s)
+        s.outputs[0].tail[0] ^= 1  # one byte past the end of the output, inside the guard
+        return 0
+    v, mm = run(task, past_end)
+    assert "wrote outside the output" in mm.reason
+
+
+def strided_output_task():
+    """y = 2 x, with the output declared as a [4, 5] view with strides (10, 2): gaps between
+    elements (the ABI passes outputs with their real strides)."""
+    from kforge_tui.regions.meta import TensorMeta
+    from kforge_tui.regions.task import Task
+
+    graph = {"inputs": ["x"], "nodes": [{"name": "m", "target": "aten.mul.Tensor",
+                                         "args": [{"ref": "x"}, 2.0], "kwargs": {}}],
+             "outputs": [{"ref": "m"}]}
+    return Task("mul", "pointwise", graph, (TensorMeta("x", (4, 5), "float32"),),
+                (TensorMeta("y", (4, 5), "float32", (10, 2)),), backend="cpu")
+
+
+def test_writes_into_the_gaps_of_a_strided_output_are_caught():
+    task = strided_output_task()
+    sets = sets_for(task)
+    o = sets[0].outputs[0]
+    assert o.has_gaps and o.tensor.stride() == (10, 2) and int(o.covered().sum()) == 20 * 4
+    v, mm = run(task, honest(task), sets)
+    assert mm is None
+
+    def gap_writer(s):
+        honest(task)(s)
+        o = s.outputs[0]
+        o.data.view(torch.float32)[1] = 0.0  # element 1 of the storage is a gap
+        return 0
+    v, mm = run(task, gap_writer, sets)
+    assert mm is not None and "wrote outside the output" in mm.reason and "gaps" in mm.reason
 
 
 def test_skipping_elements_where_the_reference_is_nan_is_caught():
     task = softmax_task()
-    calls = [{"inputs": {"x": torch.randn(8, 64)}, "stats": {}}]
-    calls[0]["inputs"]["x"][3, 5] = float("nan")  # row 3 of the reference is all NaN
-    sets = sets_for(task, calls)
+    x = torch.randn(8, 64)
+    x[3, 5] = float("nan")  # row 3 of the reference is all NaN
+    sets = sets_for(task, calls=[{"inputs": [x], "stats": [TensorStats.of(torch.randn(8, 64)).__dict__]}])
+    ref = gm_reference(task)
 
-    def lazy(s):  # writes only where the reference is finite: NaN poison would hide it
-        ref = catalogue.reference(task, s.tensors())
-        keep = torch.isnan(ref)
-        s.out.tensor.copy_(torch.where(keep, s.out.tensor, ref))
+    def lazy(s):  # writes only where the reference is finite
+        r = ref(s.tensors())[0]
+        s.outputs[0].tensor.copy_(torch.where(torch.isnan(r), s.outputs[0].tensor, r))
         return 0
-    mm = verify.verify_candidate(lazy, sets, "float32", lambda: None)
-    assert mm is not None and "unwritten" in mm.reason and mm.input_set == "captured[0]"
+    v, mm = run(task, lazy, sets)
+    assert mm is not None and "poison survived" in mm.reason and mm.input_set == "captured[0]"
 
 
-def test_writing_nan_everywhere_is_caught():
-    task = softmax_task()
-    def nan_everywhere(s):
-        s.out.tensor.fill_(float("nan"))
-        return 0
-    mm = verify.verify_candidate(nan_everywhere, sets_for(task), "float32", lambda: None)
-    assert mm is not None and "NaN" in mm.reason
-
-
-def test_input_modification_and_out_of_bounds_writes_are_caught():
+def test_input_modification_is_caught_and_undone_for_the_next_candidate():
     task = softmax_task()
     sets = sets_for(task)
 
     def scribble(s):
         honest(task)(s)
-        s.inputs["x"].tensor[0, 0] += 1
+        s.inputs[0].tensor[0, 0] += 1
         return 0
-    assert "inputs modified" in verify.verify_candidate(scribble, sets, "float32", lambda: None).reason
-    verify.restore_inputs(sets)
-
-    def past_end(s):
-        honest(task)(s)
-        s.out.base[-1] = 0  # one byte past the end of the output, inside the guard
-        return 0
-    assert "outside the output" in verify.verify_candidate(past_end, sets, "float32", lambda: None).reason
+    v, mm = run(task, scribble, sets)
+    assert "inputs modified" in mm.reason
+    v, mm = run(task, honest(task), sets)  # the same (shared) sets: restored first
+    assert mm is None
 
 
-def test_replaying_a_result_keyed_on_the_buffer_is_caught():
+def test_replay_keyed_on_the_buffer_is_caught():
     task = softmax_task()
     memo: dict[int, torch.Tensor] = {}
 
-    def replay(s):  # remembers the answer per input pointer: right for every set seen once
-        key = s.inputs["x"].tensor.data_ptr()
+    def replay(s):  # remembers the answer per input pointer
+        key = s.inputs[0].tensor.data_ptr()
         if key not in memo:
-            memo[key] = catalogue.reference(task, s.tensors()).clone()
-        s.out.tensor.copy_(memo[key])
+            memo[key] = gm_reference(task)(s.tensors())[0].clone()
+        s.outputs[0].tensor.copy_(memo[key])
         return 0
-    mm = verify.verify_candidate(replay, sets_for(task), "float32", lambda: None)
-    assert mm is not None and "replay check" in mm.input_set
+    v, mm = run(task, replay)
+    assert mm is not None and "replay" in mm.input_set and "replay" in mm.summary()
+
+
+def test_replay_after_a_streak_of_calls_is_caught():
+    """Replays only from the third consecutive call on the same buffer (survives a single
+    old-then-new re-check): the streak re-check catches it."""
+    task = softmax_task()
+    state = {"key": None, "n": 0, "y": None}
+
+    def streak(s):
+        key = s.inputs[0].tensor.data_ptr()
+        state["n"] = state["n"] + 1 if key == state["key"] else 1
+        state["key"] = key
+        if state["n"] > 2:
+            s.outputs[0].tensor.copy_(state["y"])
+            return 0
+        honest(task)(s)
+        state["y"] = s.outputs[0].tensor.clone()
+        return 0
+    named = 0
+    for seed in range(5):
+        state.update(key=None, n=0)
+        v, mm = run(task, streak, seed=seed)
+        assert mm is not None  # rejected every time (by a replay check or an edge case that
+        named += "replay" in mm.summary()  # happened to follow a streak on the same buffers)
+    assert named >= 3
+
+
+def test_replay_keyed_on_sampled_elements_is_caught():
+    """Keyed on a few sampled input elements (wholly fresh inputs change them, so it recomputes
+    there): changing a few elements in place leaves the samples alone and catches it."""
+    task = softmax_task((32, 256))
+    n = 32 * 256
+    ghost = {}
+
+    def sampled(s):
+        x = s.inputs[0].tensor.reshape(-1)
+        key = (float(x[0]), float(x[n // 3]), float(x[n // 2]), float(x[n - 1]))
+        if key in ghost:
+            s.outputs[0].tensor.copy_(ghost[key])
+            return 0
+        honest(task)(s)
+        ghost[key] = s.outputs[0].tensor.clone()
+        return 0
+    v, mm = run(task, sampled)
+    assert mm is not None and "replay" in mm.summary() and "changed in place" in mm.input_set
+
+
+def test_softmax_without_max_subtraction_fails_on_edge_cases():
+    task = softmax_task()
+
+    def no_max(s):
+        e = torch.exp(s.inputs[0].tensor)
+        s.outputs[0].tensor.copy_(e / e.sum(-1, keepdim=True))
+        return 0
+    v, mm = run(task, no_max)
+    assert mm is not None and "edge-case inputs" in mm.reason
+    v, mm = run(task, no_max, edge=False)  # without the edge cases N(0,1) data lets it through
+    assert mm is None
+
+
+def test_cubic_exp_fails_the_float64_judge_but_passes_the_f32_tolerance():
+    task = softmax_task((16, 128))
+
+    def exp3(x):  # e^x = 2^(k/2) * e^r, |r| <= ln2/4, e^r by a cubic: ~4e-5 relative
+        h = 0.6931471805599453 / 2
+        k = torch.round(x / h)
+        r = x - k * h
+        p = 1 + r * (1 + r * (0.5 + r * 0.16666667))
+        return p * torch.exp2(k / 2)
+
+    def cubic(s):
+        x = s.inputs[0].tensor
+        e = exp3(x - x.amax(-1, keepdim=True))
+        s.outputs[0].tensor.copy_(e / e.sum(-1, keepdim=True))
+        return 0
+    v, mm = run(task, cubic)
+    assert mm is not None and "edge-case inputs" in mm.reason and "ulps" in mm.reason
+    v, mm = run(task, cubic, edge=False)
+    assert mm is None  # the ordinary f32 tolerance alone lets it through
+
+
+def test_float64_reference_handles_dtype_conversions_inside_the_region():
+    """A bf16 region that computes in f32 inside (convert_element_type nodes): the float64 run
+    must not round to bf16/f32 in the middle, and an honest kernel passes the ulp judge."""
+    x = torch.randn(16, 64).to(torch.bfloat16)
+    task = task_of(lambda x: torch.softmax(x.float(), -1).to(torch.bfloat16), (x,), backend="cpu")
+    g64 = verify.graph64(task.graph)
+    assert "float32" not in str(g64) and "bfloat16" not in str(g64)
+    v, mm = run(task, honest(task))
+    assert mm is None, mm.summary()
+
+
+def test_layer_norm_honest_kernel_passes_equal_rows_and_zeros():
+    x, w, b = torch.randn(8, 32), torch.randn(32), torch.randn(32)
+    task = task_of(lambda x, w, b: F.layer_norm(x, (32,), w, b), (x, w, b), backend="cpu")
+
+    def two_pass(s):  # a different but honest algorithm (two-pass in f64)
+        x, w, b = s.tensors()
+        xd = x.double()
+        mu = xd.mean(-1, keepdim=True)
+        var = ((xd - mu) ** 2).mean(-1, keepdim=True)
+        s.outputs[0].tensor.copy_(((xd - mu) / torch.sqrt(var + 1e-5) * w.double() + b.double()).float())
+        return 0
+    v, mm = run(task, two_pass)
+    assert mm is None, mm.summary()
 
 
 def test_nonzero_return_code_raises_candidate_error():
     task = softmax_task()
     with pytest.raises(verify.CandidateError, match="returned 5"):
-        verify.verify_candidate(lambda s: 5, sets_for(task), "float32", lambda: None)
+        run(task, lambda s: 5)
 
 
-def test_random_draws_follow_captured_statistics():
-    task = softmax_task(shape=(64, 512))
-    captured = torch.randn(64, 512) * 3 + 10
-    captured.clamp_(4, 15)
-    stats = {"x": TensorStats.of(captured).__dict__}
-    sets, note = verify.build_sets(task, [{"inputs": {"x": captured}, "stats": stats}], 3, "cpu", 7,
-                                   lambda inp: catalogue.reference(task, inp), min_sets=4)
-    assert [s.name for s in sets] == ["captured[0]", "random[0]", "random[1]", "random[2]"]
-    assert "1 captured calls + 3 random draws" in note
-    for s in sets[1:]:
-        x = s.inputs["x"].tensor
-        assert 9 < x.mean().item() < 11 and x.min().item() >= 4 and x.max().item() <= 15
-        assert not torch.equal(x, sets[1].inputs["x"].tensor) or s is sets[1]
-    sets, note = verify.build_sets(task, [], 3, "cpu", 7, lambda inp: catalogue.reference(task, inp), 4)
-    assert len(sets) == 4 and "no captured calls" in note and "default" in note
+def test_runner_problems_are_reported_as_given():
+    task = softmax_task()
+    v, mm = run(task, lambda s: verify.CallReport(0, "floating-point environment changed by the call: FTZ on"))
+    assert "floating-point environment changed" in mm.reason
 
 
-def test_strided_inputs_keep_their_layout():
-    x = torch.randn(6, 2 * 32)
-    a, b = x[:, :32], x[:, 32:]
-    task = catalogue.make_task("silu_mul", {"a": a, "b": b}, {}, torch.nn.functional.silu(a) * b)
-    sets = sets_for(task)
-    assert sets[0].inputs["a"].tensor.stride() == (64, 1)
-    assert torch.allclose(sets[0].expected, torch.nn.functional.silu(sets[0].inputs["a"].tensor)
-                          * sets[0].inputs["b"].tensor)
-
+# ------------------------------------------------------------------------ timing loop
 
 class _Clock:
-    """cpu backend without the flush cost, for fast loop tests."""
-
     name = "cpu"
+
+    def sync(self):
+        pass
 
     def flush(self):
         pass
@@ -189,30 +484,39 @@ class _DeferredClock(_Clock):
         return {"us": super().end(tok), "read": False}
 
     def elapsed(self, tok):
-        if not tok["read"]:  # the first read is the wait; later reads of a waited marker are free
+        if not tok["read"]:
             self.log.append("wait")
             tok["read"] = True
         return tok["us"]
 
 
+class _LocalChecks(bench.Checks):
+    def __init__(self, v):
+        self.v = v
+
+    def before(self, i, s, refresh):
+        self.v.timed_before(s, refresh)
+
+    def after(self, i, s, report):
+        return self.v.timed_after(s, report)
+
+
 def test_only_checked_calls_wait_so_launch_cost_overlaps():
-    """Unchecked timed calls do not wait for their end marker inside the loop (the host runs
-    ahead, as in do_bench); checked ones wait before their output is read; every call is timed."""
-    task = softmax_task(shape=(64, 256))
+    task = softmax_task((64, 256))
     sets = sets_for(task)
+    ref = gm_reference(task)
     clock = _DeferredClock()
-    t, mm = bench.time_calls(clock, lambda s: catalogue.reference(task, s.tensors()), sets,
+    t, mm = bench.time_calls(clock, lambda s: ref(s.tensors()), sets,
                              {"min_iters": 12, "max_iters": 12, "warmup": 2})
     assert mm is None and t.n == 12
-    loop = clock.log[4:]  # after the two waited warm-up calls
     assert clock.log[:4] == ["call", "wait", "call", "wait"]
-    assert loop[:12] == ["call"] * 12 and loop[12:] == ["wait"] * 12
+    assert clock.log[4:16] == ["call"] * 12 and clock.log[16:] == ["wait"] * 12
+    v = verify.Verifier(task, sets, honest(task), ref)
     clock = _DeferredClock()
-    t, mm = bench.time_calls(clock, honest(task), sets, {"min_iters": 12, "max_iters": 12,
-                             "warmup": 0, "random_checks": 0.0}, check_dtype="float32")
+    t, mm = bench.time_calls(clock, honest(task), sets, {"min_iters": 12, "max_iters": 12, "warmup": 0,
+                             "random_checks": 0.0}, checks=_LocalChecks(v))
     k = len(sets)
     assert mm is None and t.n == 12
-    # first and last rotation checked (call, wait each); the middle calls wait at the end
     assert clock.log[:2 * k] == ["call", "wait"] * k
     middle = 12 - 2 * k
     assert clock.log[2 * k:2 * k + middle] == ["call"] * middle
@@ -220,25 +524,65 @@ def test_only_checked_calls_wait_so_launch_cost_overlaps():
 
 
 def test_timed_output_is_checked_so_work_after_return_is_caught():
-    task = softmax_task(shape=(64, 256))
+    task = softmax_task((64, 256))
     sets = sets_for(task)
+    ref = gm_reference(task)
+    v = verify.Verifier(task, sets, honest(task), ref)
     t, mm = bench.time_calls(_Clock(), honest(task), sets, {"min_iters": 8, "max_iters": 8},
-                             check_dtype="float32")
+                             checks=_LocalChecks(v))
     assert mm is None and t.n >= 8 and t.p10_us <= t.median_us <= t.p90_us
 
     def escape(s):  # returns at once; the work lands later on another thread
         def later():
             time.sleep(0.01)
-            s.out.tensor.copy_(catalogue.reference(task, s.tensors()))
+            s.outputs[0].tensor.copy_(ref(s.tensors())[0])
         threading.Thread(target=later, daemon=True).start()
         return 0
     _, mm = bench.time_calls(_Clock(), escape, sets, {"min_iters": 8, "max_iters": 8, "warmup": 0},
-                             check_dtype="float32")
+                             checks=_LocalChecks(v))
     time.sleep(0.05)
-    assert mm is not None and mm.input_set.startswith("timed-run output") and "unwritten" in mm.reason
+    assert mm is not None and mm.input_set.startswith("timed-run output") and "poison survived" in mm.reason
 
 
-def test_floor_and_bandwidth_cache(tmp_path):
+def test_timed_calls_get_new_values_so_a_loop_replay_is_caught():
+    """Right in verification, then replays its first timed answer per buffer inside the timing
+    loop: checked timed calls with new input values catch it."""
+    task = softmax_task((64, 256))
+    sets = sets_for(task)
+    ref = gm_reference(task)
+    v = verify.Verifier(task, sets, honest(task), ref)
+    memo = {}
+
+    def loop_replay(s):
+        key = s.inputs[0].tensor.data_ptr()
+        if key not in memo:
+            honest(task)(s)
+            memo[key] = s.outputs[0].tensor.clone()
+        s.outputs[0].tensor.copy_(memo[key])
+        return 0
+    _, mm = bench.time_calls(_Clock(), loop_replay, sets,
+                             {"min_iters": 60, "max_iters": 60, "warmup": 0, "random_checks": 0.5,
+                              "fresh_checks": 1.0}, checks=_LocalChecks(v), seed=3)
+    assert mm is not None and mm.input_set.startswith("timed-run output")
+    assert v.checks["fresh_timed"] >= 1
+
+
+def test_long_calls_get_few_iterations_and_report_them():
+    task = softmax_task()
+    sets = sets_for(task)
+
+    def slow(s):
+        time.sleep(0.06)
+        return [s.outputs[0].tensor]
+    t0 = time.perf_counter()
+    t, _ = bench.time_calls(_Clock(), slow, sets, {"max_wall_s": 0.5})
+    assert time.perf_counter() - t0 < 1.5
+    assert bench.MIN_SAMPLES <= t.n <= 9 and t.p10_us <= t.median_us <= t.p90_us
+    t, _ = bench.time_calls(_Clock(), slow, sets, {"max_wall_s": 0.1})
+    assert t.n == bench.MIN_SAMPLES  # never fewer samples than that, whatever the call costs
+
+
+def test_floor_bandwidth_and_peak_cache(tmp_path):
     assert bench.floor_us(4_000_000, 4000.0) == pytest.approx(1.0)
     assert bench.below_floor(0.97, 1.0) and not bench.below_floor(0.985, 1.0)
     assert not bench.below_floor(0.5, None)
@@ -252,9 +596,16 @@ def test_floor_and_bandwidth_cache(tmp_path):
         def measure_bandwidth(self):
             Fake.calls += 1
             return 123.0, "fake copy"
+
+        def measure_peak(self, dtype):
+            Fake.calls += 1
+            return 500.0, f"fake {dtype} mm"
     assert bench.bandwidth(Fake(), tmp_path)["gbs"] == 123.0
     assert bench.bandwidth(Fake(), tmp_path)["gbs"] == 123.0
-    assert Fake.calls == 1 and (tmp_path / "bandwidth.json").exists()
+    assert bench.peak(Fake(), tmp_path, "bfloat16")["tflops"] == 500.0
+    assert bench.peak(Fake(), tmp_path, "bfloat16")["tflops"] == 500.0
+    assert Fake.calls == 2 and (tmp_path / "bandwidth.json").exists()
+    assert bench.peak(CpuBackend(), tmp_path, "float32") is None  # no compute floor on cpu
 
 
 def test_cpu_backend_flush_exceeds_a_cache_share_and_bandwidth_is_sane():
@@ -262,3 +613,25 @@ def test_cpu_backend_flush_exceeds_a_cache_share_and_bandwidth_is_sane():
     assert be.flush_bytes >= 16 * 2**20
     gbs, note = be.measure_bandwidth()
     assert 0.5 < gbs < 10_000 and "GB/s" in note
+
+
+def test_host_saved_sets_use_keyed_hashes_for_inputs():
+    """A region too big for private device copies keeps them in host memory and checks its
+    inputs with a keyed hash on the device: a modification is still caught, and undone."""
+    task = softmax_task()
+    sets, _, _ = verify.build_sets(task, [], 3, "cpu", 5, gm_reference(task), min_sets=4, host_saved=True)
+    assert all(s.host_saved and s.sums0 for s in sets)
+    v, mm = run(task, honest(task), sets)
+    assert mm is None
+
+    def scribble(s):
+        honest(task)(s)
+        s.inputs[0].tensor[1, 2] += 1
+        return 0
+    v, mm = run(task, scribble, sets)
+    assert mm is not None and "inputs modified" in mm.reason
+    v, mm = run(task, honest(task), sets)  # restored from the host copy
+    assert mm is None
+    b = torch.arange(4099, dtype=torch.uint8)
+    c = b.clone(); c[4098] ^= 1
+    assert verify.checksum(b, 7) != verify.checksum(c, 7) and verify.checksum(b, 7) != verify.checksum(b, 8)

@@ -3,20 +3,26 @@
 One loop for both backends (the backend object supplies the clock, the cache flush and the
 synchronisation):
 
-    for each call: poison the output -> flush the cache -> start -> call -> end marker
-                   (on selected calls) wait for the end marker and verify the output
+    for each call: fill the outputs with garbage -> flush the cache -> start -> call -> end marker
+                   (on checked calls) wait for the end marker and verify the outputs
 
   * only the checked calls wait: the others leave their markers to be read at the end, so the
     host runs ahead of the device as it does in a real forward and a callable's Python launch
     cost (ctypes, a Triton launcher, dynamo guards) overlaps the previous call instead of
     showing up as idle device time inside the timed region (what do_bench measures too);
-  * inputs rotate among >= 4 input sets with distinct buffers, so no call finds its inputs or
-    its output cache-hot from the previous call;
-  * the output of timed calls is checked (first and last rotation, plus random calls chosen
-    by the harness's own RNG), so work moved to another stream or thread - an empty timed
-    region - is caught as unfinished output rather than celebrated;
-  * the eager reference is timed by the same loop in the same worker;
-  * a median below the memory-roofline floor (bytes moved / measured bandwidth) is impossible.
+  * inputs rotate among the input sets (as many as free memory allows) with distinct buffers,
+    so no call finds its inputs or its output cache-hot from the previous call;
+  * every output is filled with random values before each call, so checked and unchecked calls
+    look alike to the kernel; checked calls (first and last rotation plus a random share chosen
+    by the harness's RNG) are verified by the supervisor, and some of them first get new input
+    values written into their buffers, so work moved off the stream or a replayed result is
+    caught as a timed-run mismatch;
+  * the eager and torch.compile references are timed by the same loop;
+  * a median below the roofline floor is impossible.
+
+Long calls get fewer iterations (at least MIN_SAMPLES, within `max_wall_s`): the median and the
+p10/p90 spread are reported with the sample count, so a baseline of a multi-GiB region stays
+within seconds and says how many samples it rests on.
 """
 from __future__ import annotations
 
@@ -29,18 +35,21 @@ from pathlib import Path
 from typing import Callable
 
 from kforge_tui.sandbox.result import Mismatch, Timing
-from kforge_tui.sandbox.verify import SENTINEL, CandidateError, InputSet, check_run, prepare_run
+from kforge_tui.sandbox.verify import CandidateError, CallReport
 
 # 2% slack below the floor before calling a time impossible: bandwidth is measured once (a
 # run-to-run spread of ~1% on a quiet GPU) and event timing has ~0.5 us of resolution noise.
 FLOOR_SLACK = 0.02
+MIN_SAMPLES = 5
 
 DEFAULT_TIMING = {
-    "warmup": 3,  # calls not counted (first-touch, lazy loading, clocks)
+    "warmup": 3,  # calls not counted (first-touch, lazy loading, clocks); 1 for calls over 50 ms
     "min_iters": 10,
     "max_iters": 100,
     "budget_s": 0.4,  # target seconds of timed calls per callable (flushes not counted)
+    "max_wall_s": 3.0,  # hard cap on the loop's wall time (long calls get >= MIN_SAMPLES)
     "random_checks": 0.1,  # share of timed calls whose output is verified besides the fixed ones
+    "fresh_checks": 0.3,  # share of the checked calls that first get new input values
 }
 
 
@@ -58,51 +67,96 @@ def summarise(samples: list[float], method: str) -> Timing:
                   p90_us=_percentile(samples, 0.9), min_us=min(samples), n=len(samples), method=method)
 
 
-def time_calls(backend, call: Callable[[InputSet], object], sets: list[InputSet], cfg: dict | None = None,
-               *, check_dtype: str | None = None, seed: int | None = None) -> tuple[Timing, Mismatch | None]:
-    """Time `call` rotating over `sets`; verify chosen outputs when `check_dtype` is given.
+class Checks:
+    """The supervisor's side of checked timed calls (in process: a Verifier; in a runner: a
+    round trip). before(i, s, refresh) fills outputs (and new inputs when `refresh`);
+    after(i, s, report) returns a Mismatch or None."""
 
-    `call(s)` for a candidate writes s.out and returns its int return code (non-zero raises
-    CandidateError); for the eager reference it returns the new tensor (not checked here).
-    Returns the timing and the first mismatch found in a checked timed output (or None).
+    def before(self, i: int, s, refresh: bool) -> None: ...
+
+    def after(self, i: int, s, report: CallReport | None) -> Mismatch | None: ...
+
+
+def plan(n: int, k: int, cfg: dict, rng: random.Random) -> tuple[set, set]:
+    """Which timed calls are checked, and which of those first get new input values."""
+    checked = {i for i in range(n) if i < k or i >= n - k or rng.random() < cfg["random_checks"]}
+    fresh = {i for i in checked if i >= k and rng.random() < cfg["fresh_checks"]}
+    return checked, fresh
+
+
+def n_iters(cfg: dict, per_call_s: float, k: int) -> int:
+    """Iterations: the time budget within [min_iters, max_iters], at least two rotations, but
+    never past max_wall_s (a long call gets MIN_SAMPLES)."""
+    per = max(per_call_s, 1e-6)
+    n = int(min(cfg["max_iters"], max(cfg["min_iters"], cfg["budget_s"] / per)))
+    n_wall = max(MIN_SAMPLES, int(cfg["max_wall_s"] / per))
+    n = max(n, min(2 * k, cfg["max_iters"]))
+    return max(MIN_SAMPLES, min(n, n_wall))
+
+
+def time_calls(backend, call: Callable, sets: list, cfg: dict | None = None, *,
+               fill: Callable | None = None, checks: Checks | None = None, seed: int | None = None,
+               after_call: Callable | None = None, on_plan: Callable | None = None
+               ) -> tuple[Timing, Mismatch | None]:
+    """Time `call` rotating over `sets`.
+
+    `call(s)` for a candidate returns its int return code (non-zero raises CandidateError) or a
+    CallReport; for a reference it returns its outputs (not checked here). `fill(s)` writes the
+    pre-call garbage into s's outputs (None: leave them). `checks` verifies chosen calls (warm-up
+    calls are all checked). `after_call(s)` returns a problem text noticed right after a call
+    (e.g. the floating-point environment changed) or "". Returns the timing and the first
+    mismatch (or None).
     """
     cfg = {**DEFAULT_TIMING, **(cfg or {})}
     rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
     k = len(sets)
-    checked = check_dtype is not None
 
-    def one(i: int, check: bool, wait: bool = False) -> tuple[object, Mismatch | None]:
-        """One call; returns its end token (read with backend.elapsed) and a checked mismatch."""
+    def one(i: int, check: bool, refresh: bool = False, wait: bool = False):
         s = sets[i % k]
-        if checked:
-            prepare_run(s, SENTINEL)
+        if check and checks is not None:
+            backend.sync()  # the supervisor writes s's buffers: nothing of ours may still run
+            checks.before(i, s, refresh)
+        elif fill is not None:
+            fill(s)
         backend.flush()
         tok = backend.start()
         rc = call(s)
         tok = backend.end(tok)
-        if checked and isinstance(rc, int) and rc != 0:
-            raise CandidateError(f"kforge_launch returned {rc} during timing on {s.name}")
-        if check or wait:
+        rep = rc if isinstance(rc, CallReport) else (CallReport(rc) if isinstance(rc, int) else None)
+        if rep is not None and rep.rc != 0:
+            raise CandidateError(f"kforge_launch returned {rep.rc} during timing on {s.name}")
+        problem = after_call(s) if after_call is not None else ""
+        if problem:
+            from kforge_tui.sandbox.verify import special_mismatch
+
+            return tok, special_mismatch(f"timed call {i} ({s.name})", 1, problem)
+        if (check and checks is not None) or wait:
             # elapsed() waits for the end marker on the harness stream only: unfinished work
             # elsewhere shows as surviving poison here.
             backend.elapsed(tok)
-            if check:
-                return tok, check_run(s, check_dtype, SENTINEL, f"timed-run output ({s.name})")
+            if check and checks is not None:
+                return tok, checks.after(i, s, rep)
         return tok, None
 
     t0 = time.perf_counter()
-    for i in range(cfg["warmup"]):
-        _, mm = one(i, checked, wait=True)
+    warm = cfg["warmup"]
+    i = 0
+    while i < warm:
+        tw = time.perf_counter()
+        _, mm = one(i, checks is not None, wait=True)
         if mm:
             return summarise([1.0], "aborted"), mm
-    per_call = (time.perf_counter() - t0) / max(cfg["warmup"], 1)
-    kernel_s = max(per_call, 1e-6)
-    n = int(min(cfg["max_iters"], max(cfg["min_iters"], cfg["budget_s"] / kernel_s)))
-    n = max(n, 2 * k)
+        i += 1
+        if time.perf_counter() - tw > 0.05:  # a long call: one warm-up is enough
+            break
+    per_call = (time.perf_counter() - t0) / max(i, 1)
+    n = n_iters(cfg, per_call, k)
+    checked, fresh = plan(n, k, cfg, rng) if checks is not None else (set(), set())
+    if on_plan is not None:
+        on_plan(n, checked, fresh)
     marks: list = []  # end tokens, read once the loop is done (only checked calls waited)
     for i in range(n):
-        check = checked and (i < k or i >= n - k or rng.random() < cfg["random_checks"])
-        tok, mm = one(i, check)
+        tok, mm = one(i, i in checked, refresh=i in fresh)
         marks.append(tok)
         if mm:
             return summarise([backend.elapsed(m) for m in marks], backend.timing_method(k)), mm
@@ -141,6 +195,24 @@ def bandwidth(backend, cache_dir: str | Path) -> dict:
         return got
     gbs, note = backend.measure_bandwidth()
     entry = {"gbs": gbs, "note": note, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
+    store_bandwidth(cache_dir, key, entry)
+    return entry
+
+
+def peak(backend, cache_dir: str | Path, dtype: str) -> dict | None:
+    """{"tflops": float, "note": str} for matrix products in `dtype`, measured once per device
+    and dtype, then read from the cache; None where the backend has no compute floor (cpu)."""
+    if not hasattr(backend, "measure_peak"):
+        return None
+    key = f"peak:{backend.bandwidth_key()}:{dtype}"
+    got = load_bandwidth(cache_dir, key)
+    if got and got.get("tflops", 0) > 0:
+        return got
+    r = backend.measure_peak(dtype)
+    if r is None:
+        return None
+    tflops, note = r
+    entry = {"tflops": tflops, "note": note, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
     store_bandwidth(cache_dir, key, entry)
     return entry
 

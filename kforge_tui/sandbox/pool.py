@@ -1,15 +1,28 @@
 """The evaluator pool: submit a candidate, get an EvalResult - never an exception.
 
-    static check (in-process: it only parses) -> compile (subprocess; up to compile_jobs at once)
-    -> one worker process: load -> verify -> time
+    static check (in-process: it only parses) -> compile + binary check (subprocess; up to
+    compile_jobs at once) -> one worker: load -> verify -> time (in a fresh runner process)
 
-One long-lived worker per GPU on cuda, a small pool on cpu (default 1: timing on a small box
-needs its cores). Candidates that have compiled queue for a free worker while others compile.
-The engine process never loads candidate code; a worker that hangs is killed after
-eval_timeout_s ("timeout"), one that dies is reported with its signal and stderr tail ("crash"),
-and one whose CUDA context is corrupted exits by itself; each is restarted before the next
-candidate. Workers are also recycled every `restart_every` evaluations, because dlopen'ed
-candidate libraries accumulate in a process.
+One long-lived worker (a supervisor, sandbox/worker.py) per GPU on cuda, a small pool on cpu
+(default 1: timing on a small box needs its cores). Candidates that have compiled queue for a
+free worker while others compile. Neither the engine nor the supervisor ever loads candidate
+code: each candidate runs in a fresh runner process the supervisor starts, so a crash, a hang
+(killed after eval_timeout_s: "timeout") or a sticky CUDA error costs one runner, not the
+prepared input sets. The supervisor itself is killed and restarted only if it stops answering
+(eval_timeout_s + SUPERVISOR_GRACE_S) or dies, and recycled every `restart_every` evaluations.
+
+Triton (`EvaluatorPool("triton")`, issue 13): the static check is `triton_check.check_source`
+(Python's ast, in this process: no candidate code runs here; a failure is "static_error" with the
+first diagnostic, as for C). There is no compiler: the checked source is written once to
+`cache_dir/triton/src/<sha256>.py` and its path (`source_path`) goes to a worker, whose runner
+loads it with Triton (JIT in the load stage; `compile_s` is the JIT time). Stages: static ->
+load -> verify -> time. Workers use the GPU when one is visible (one per GPU); else one worker
+runs on the CPU with TRITON_INTERPRET=1 set in its environment only (CI; `device="cpu"` forces
+it). `baseline()` asks a triton worker for the seed: on a GPU `Baseline.seed` is Inductor's
+kernel for the region on the candidate ABI (`inductor_seed.Seed.to_json()`), None on the CPU.
+
+Memory (issue 14): an evaluation that cannot run for lack of memory, even with one input set,
+comes back as status "infra_error": not a candidate failure (result.INFRA_STATUSES).
 """
 from __future__ import annotations
 
@@ -23,11 +36,13 @@ import time
 from collections import deque
 from pathlib import Path
 
+from kforge_tui.regions.task import Task
 from kforge_tui.sandbox.result import Baseline, EvalResult, Mismatch, Timing
-from kforge_tui.task import Task
 
 STDERR_TAIL_LINES = 200
 READY_TIMEOUT_S = 180.0  # importing torch (and creating a CUDA context) on a cold box
+SUPERVISOR_GRACE_S = 60.0  # beyond a candidate's own deadline before the supervisor is killed
+BACKENDS = ("cpu", "cuda", "triton")  # candidate languages
 
 
 class WorkerDied(Exception):
@@ -52,9 +67,12 @@ def describe_exit(rc: int | None) -> str:
 class _Worker:
     """One worker subprocess and its JSON-lines channel."""
 
-    def __init__(self, backend: str, device: int):
+    def __init__(self, backend: str, device: int, cache_dir: str | None = None,
+                 env: dict | None = None):
         self.backend = backend
         self.device = device
+        self.cache_dir = cache_dir
+        self.env = env or {}  # set (value) or removed (None) in the worker's environment
         self.proc: asyncio.subprocess.Process | None = None
         self.tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self.lines_seen = 0
@@ -67,8 +85,15 @@ class _Worker:
     async def spawn(self) -> None:
         cmd = [sys.executable, "-m", "kforge_tui.sandbox.worker", "--backend", self.backend,
                "--device", str(self.device)]
+        if self.cache_dir:
+            cmd += ["--cache-dir", str(self.cache_dir)]
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        for k, v in self.env.items():
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v
         self.proc = await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env=env, limit=64 * 2**20, start_new_session=True)
@@ -180,12 +205,20 @@ class EvaluatorPool:
     def __init__(self, backend: str, *, workers: int | None = None, cache_dir: str | Path,
                  compile_jobs: int | None = None, eval_timeout_s: float = 60.0,
                  compile_timeout_s: float = 120.0, arch: str | None = None, timing: dict | None = None,
-                 restart_every: int = 50, prepare_timeout_s: float = 600.0):
-        if backend not in ("cpu", "cuda"):
+                 restart_every: int = 500, prepare_timeout_s: float = 600.0,
+                 memory: dict | None = None, device: str | None = None):
+        if backend not in BACKENDS:
             from kforge_tui.errors import UsageError
 
-            raise UsageError(f"backend must be cpu or cuda, not {backend!r}")
+            raise UsageError(f"backend must be cpu, cuda or triton, not {backend!r}")
         self.backend = backend
+        # where candidates run: cpu | cuda; Triton on the GPU when one is visible, else on the
+        # CPU under Triton's interpreter (`device` forces one: tests)
+        if device is not None and device not in ("cpu", "cuda"):
+            from kforge_tui.errors import UsageError
+
+            raise UsageError(f"device must be cpu or cuda, not {device!r}")
+        self.device_kind = device or (triton_device() if backend == "triton" else backend)
         self.n_workers = workers
         self.cache_dir = Path(cache_dir)
         self.compile_jobs = compile_jobs or os.cpu_count() or 1
@@ -195,7 +228,9 @@ class EvaluatorPool:
         self.arch = arch
         self.timing = timing or {}
         self.restart_every = restart_every
-        self.stats: dict = {"evaluations": 0, "restarts": 0, "in_flight": 0, "timeouts": 0, "crashes": 0}
+        self.memory = memory or {}  # {"free_bytes": n, "limit_bytes": n}: memory knobs (tests)
+        self.stats: dict = {"evaluations": 0, "restarts": 0, "in_flight": 0, "timeouts": 0, "crashes": 0,
+                            "infra_errors": 0}
         self._workers: list[_Worker] = []
         self._idle: asyncio.Queue[_Worker] | None = None
         self._compile_sem: asyncio.Semaphore | None = None
@@ -210,17 +245,22 @@ class EvaluatorPool:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             n = self.n_workers
             if n is None:
-                n = _gpu_count() if self.backend == "cuda" else 1
+                n = _gpu_count() if self.device_kind == "cuda" else 1
             n = max(1, n)
             self._idle = asyncio.Queue()
             self._compile_sem = asyncio.Semaphore(self.compile_jobs)
-            ws = [_Worker(self.backend, i if self.backend == "cuda" else 0) for i in range(n)]
+            env = {}
+            if self.backend == "triton":  # the interpreter exactly when candidates run on the CPU
+                env["TRITON_INTERPRET"] = "1" if self.device_kind == "cpu" else None
+            ws = [_Worker(self.backend, i if self.device_kind == "cuda" else 0, str(self.cache_dir.resolve()),
+                          env=env)
+                  for i in range(n)]
             await asyncio.gather(*(w.spawn() for w in ws))
             for w in ws:
                 self._workers.append(w)
                 self._idle.put_nowait(w)
             if self.arch is None:
-                self.arch = ws[0].info.get("arch") or ("native" if self.backend == "cpu" else None)
+                self.arch = ws[0].info.get("arch") or ("native" if self.device_kind == "cpu" else None)
             self._started = True
 
     async def close(self) -> None:
@@ -260,7 +300,8 @@ class EvaluatorPool:
                 try:
                     rep = await w.request({"cmd": "prepare", "task": tj, "run_dir": run_dir,
                                            "cache_dir": str(self.cache_dir), "timing": self.timing,
-                                           "capture_id": capture_id}, self.prepare_timeout_s)
+                                           "memory": self.memory, "capture_id": capture_id},
+                                          self.prepare_timeout_s)
                 except asyncio.TimeoutError:
                     await self._restart(w)
                     return None, f"timeout:preparing the task took over {self.prepare_timeout_s:g} s", w, queued
@@ -268,19 +309,22 @@ class EvaluatorPool:
                     await self._restart(w)
                     return None, f"crash:{e} while preparing the task\n{e.tail}", w, queued
                 if not rep.get("ok"):
-                    return None, f"crash:worker could not prepare the task: {rep.get('error')}", w, queued
+                    kind = "infra_error" if rep.get("infra") else "crash"
+                    return None, f"{kind}:worker could not prepare the task: {rep.get('error')}", w, queued
                 w.prepared.add(tid)
             since = w.lines_seen
             try:
                 rep = await w.request({**payload, "task": tj, "run_dir": run_dir,
                                        "cache_dir": str(self.cache_dir), "timing": self.timing,
-                                       "capture_id": capture_id},
-                                      timeout, on_event)
+                                       "memory": self.memory, "capture_id": capture_id,
+                                       "deadline_s": timeout},
+                                      timeout + SUPERVISOR_GRACE_S, on_event)
             except asyncio.TimeoutError:
                 tail = w.tail_text(since)
                 self.stats["timeouts"] += 1
                 await self._restart(w)
-                return None, f"timeout:no result after {timeout:g} s; worker killed and restarted\n{tail}", w, queued
+                return None, (f"timeout:no result after {timeout + SUPERVISOR_GRACE_S:g} s; worker killed "
+                              f"and restarted\n{tail}"), w, queued
             except WorkerDied as e:
                 self.stats["crashes"] += 1
                 await self._restart(w)
@@ -316,14 +360,16 @@ class EvaluatorPool:
             try:
                 rep = await w.request({"cmd": "prepare", "task": tj, "run_dir": run_dir,
                                        "cache_dir": str(self.cache_dir), "timing": self.timing,
-                                       "with_compile": with_compile,
+                                       "with_compile": with_compile, "memory": self.memory,
+                                       "seed": self.backend == "triton",
                                        "capture_id": Task.from_json(task_json).task_id}, self.prepare_timeout_s)
             except (asyncio.TimeoutError, WorkerDied) as e:
                 await self._restart(w)
                 raise WorkFailed(f"baseline of {Task.from_json(tj).task_id} failed: "
                                  f"{e or 'timeout'}") from None
             if not rep.get("ok"):
-                raise WorkFailed(f"baseline of {Task.from_json(tj).task_id} failed: {rep.get('error')}")
+                what = " (out of memory: an infrastructure limit, not the task)" if rep.get("infra") else ""
+                raise WorkFailed(f"baseline of {Task.from_json(tj).task_id} failed{what}: {rep.get('error')}")
             w.prepared.add(Task.from_json(tj).task_id)
         finally:
             self._idle.put_nowait(w)
@@ -331,7 +377,9 @@ class EvaluatorPool:
         return Baseline(eager=Timing(**b["eager"]),
                         compiled=Timing(**b["compiled"]) if b.get("compiled") else None,
                         floor_us=b.get("floor_us"), floor_note=b.get("floor_note", ""),
-                        bandwidth_gbs=b.get("bandwidth_gbs"))
+                        bandwidth_gbs=b.get("bandwidth_gbs"), peak_tflops=b.get("peak_tflops"),
+                        floor_bound=b.get("floor_bound", ""), sets=b.get("sets"), note=b.get("note", ""),
+                        seed=b.get("seed"))
 
     def _task_json(self, task_json: dict) -> dict:
         return Task.from_json(task_json).with_backend(self.backend).to_json()
@@ -354,17 +402,19 @@ class EvaluatorPool:
     async def _evaluate(self, task_json: dict, run_dir: str, source: str, on_stage) -> EvalResult:
         from kforge_tui.sandbox.compile import compile_candidate
         from kforge_tui.sandbox.static import check_source
-        from kforge_tui.workload import catalogue
 
         stage_s: dict[str, float] = {}
         try:
             tj = self._task_json(task_json)
             task = Task.from_json(tj)
-            sig = catalogue.signature(task, self.backend)
+            sig = task.signature(self.backend)
+            header = task.header(self.backend) if self.backend != "triton" else ""
         except Exception as e:
             return EvalResult("static_error", "static", f"bad task: {_one_line(str(e), 200)}")
         if not isinstance(source, str):
             return EvalResult("static_error", "static", f"source is {type(source).__name__}, not text")
+        if self.backend == "triton":
+            return await self._evaluate_triton(tj, task_json, run_dir, source, sig, on_stage, stage_s)
 
         # -- static (in-process: parsing only, no candidate code runs)
         if on_stage:
@@ -389,7 +439,7 @@ class EvaluatorPool:
             stage_s["compile_queue"] = time.perf_counter() - t  # waiting for a compile slot
             t = time.perf_counter()
             cr = await compile_candidate(source, self.backend, self.arch, self.cache_dir,
-                                         self.compile_timeout_s)
+                                         self.compile_timeout_s, header=header)
         stage_s["compile"] = time.perf_counter() - t
         base = dict(resources=dict(cr.resources or {}), compile_s=cr.seconds, cached=bool(cr.cached),
                     stage_s=stage_s)
@@ -398,10 +448,73 @@ class EvaluatorPool:
                 return EvalResult("timeout", "compile",
                                   _one_line(cr.message or f"compile timed out after {self.compile_timeout_s:g} s"),
                                   log=cr.log, error_line=cr.error_line, **base)
+            if getattr(cr, "stage", "compile") == "link-check":  # the binary check refused it
+                return EvalResult("static_error", "static", _one_line(cr.message or "binary check failed"),
+                                  log=cr.log, error_line=cr.error_line, **base)
             return EvalResult("compile_error", "compile", _one_line(cr.message or "compile failed"),
                               log=cr.log, error_line=cr.error_line, **base)
 
         # -- load, verify, time in a worker
+        return await self._run_built(tj, task_json, run_dir, {"lib_path": str(cr.lib_path)}, on_stage, base,
+                                     cr.log or "")
+
+    async def _evaluate_triton(self, tj: dict, task_json: dict, run_dir: str, source: str, sig, on_stage,
+                               stage_s: dict) -> EvalResult:
+        """static check (here: Python's ast, no candidate code runs) -> the checked source into
+        the cache, content-addressed -> a worker: load (Triton's JIT) -> verify -> time."""
+        from kforge_tui.sandbox.triton_check import check_source
+
+        if on_stage:
+            await _call(on_stage, "static")
+        t = time.perf_counter()
+        rep = check_source(source, sig)
+        stage_s["static"] = time.perf_counter() - t
+        if not rep.ok:
+            diags = list(getattr(rep, "diagnostics", []) or [])
+            first = diags[0].text() if diags else "static check failed"
+            more = f" (+{len(diags) - 1} more)" if len(diags) > 1 else ""
+            return EvalResult("static_error", "static", _one_line(first + more), log=rep.text(),
+                              error_line=rep.first_line, stage_s=stage_s)
+        await self.start()
+        path = self._store_source(source)
+        base = dict(resources={"scratch_bytes": rep.scratch_bytes} if rep.scratch_bytes else {},
+                    stage_s=stage_s)
+        return await self._run_built(tj, task_json, run_dir, {"source_path": str(path)}, on_stage, base, "")
+
+    def _store_source(self, source: str) -> Path:
+        """cache_dir/triton/src/<sha256>.py, written once (atomic rename, owner-only)."""
+        import hashlib
+
+        d = self.cache_dir / "triton" / "src"
+        d.mkdir(parents=True, exist_ok=True)
+        data = source.encode("utf-8", errors="surrogatepass")
+        path = d / f"{hashlib.sha256(data).hexdigest()}.py"
+        if path.exists():
+            return path
+        tmp = d / f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return path
+
+    async def evaluate_built(self, task_json: dict, run_dir: str, lib_path: str, on_stage=None) -> EvalResult:
+        """Load, verify and time an already built library (no source or binary check): the
+        runtime defences on their own, for tests and for a second opinion on a kept library.
+        On the triton backend `lib_path` is a candidate's Python file (the worker's loader
+        still checks it: it never trusts the wire)."""
+        self.stats["in_flight"] += 1
+        try:
+            tj = self._task_json(task_json)
+            code = {"source_path" if self.backend == "triton" else "lib_path": str(lib_path)}
+            return await self._run_built(tj, task_json, run_dir, code, on_stage, {"stage_s": {}}, "")
+        finally:
+            self.stats["in_flight"] -= 1
+            self.stats["evaluations"] += 1
+
+    async def _run_built(self, tj: dict, task_json: dict, run_dir: str, code: dict, on_stage,
+                         base: dict, compile_log: str) -> EvalResult:
+        stage_s = base["stage_s"]
         if on_stage:
             await _call(on_stage, "load")
         t = time.perf_counter()
@@ -413,35 +526,55 @@ class EvaluatorPool:
                 await _call(on_stage, stage)
 
         rep, failure, _w, queued = await self._run_on_worker(
-            tj, run_dir, {"cmd": "evaluate", "lib_path": str(cr.lib_path)}, self.eval_timeout_s, on_event,
+            tj, run_dir, {"cmd": "evaluate", **code}, self.eval_timeout_s, on_event,
             capture_id=Task.from_json(task_json).task_id)
         stage_s["queue"] = queued
         if failure:
             kind, _, text = failure.partition(":")
+            if kind == "infra_error":
+                self.stats["infra_errors"] += 1
             first, _, rest = text.partition("\n")
             stage_s["worker"] = time.perf_counter() - t - queued
             return EvalResult(kind, "load" if "preparing" in first else last[0],
                               _one_line(first if kind == "timeout" else
                                         f"{first}: {_last_line(rest)}" if rest.strip() else first),
-                              log=(cr.log or "") + "\n--- worker stderr (tail) ---\n" + rest, **base)
+                              log=compile_log + "\n--- worker stderr (tail) ---\n" + rest, **base)
         if not rep.get("ok"):
             return EvalResult("crash", "load", _one_line(f"worker error: {rep.get('error')}"),
                               log=rep.get("_stderr", ""), **base)
         r = rep["result"]
         stage_s.update(r.get("stage_s") or {})
-        log = "\n".join(x for x in (cr.log, r.get("log", ""), rep.get("_stderr") and
+        if r.get("jit_s") is not None and base.get("compile_s") is None:
+            base["compile_s"] = r["jit_s"]  # Triton: its JIT, done in the load stage
+        if r.get("status") == "infra_error":
+            self.stats["infra_errors"] += 1
+        log = "\n".join(x for x in (compile_log, r.get("log", ""), rep.get("_stderr") and
                                     "--- worker stderr ---\n" + rep["_stderr"]) if x)
         mm = r.get("mismatch")
         return EvalResult(r["status"], r["stage"], _one_line(r.get("message", "")), log=log,
                           mismatch=Mismatch(**mm) if mm else None,
                           timing=Timing(**r["timing"]) if r.get("timing") else None,
                           baseline=Timing(**r["baseline"]) if r.get("baseline") else None,
-                          floor_us=r.get("floor_us"), **base)
+                          compiled=Timing(**r["compiled"]) if r.get("compiled") else None,
+                          floor_us=r.get("floor_us"), checks=r.get("checks") or {}, **base)
 
 
 def _last_line(text: str) -> str:
     lines = [x for x in text.strip().splitlines() if x.strip()]
     return lines[-1] if lines else ""
+
+
+def triton_device() -> str:
+    """Where Triton candidates run: "cuda" when a GPU is visible (and the interpreter is not
+    asked for), else "cpu" under Triton's interpreter."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False"):
+        return "cpu"
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except Exception:
+        return "cpu"
 
 
 def _gpu_count() -> int:

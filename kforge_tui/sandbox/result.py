@@ -3,6 +3,11 @@
 Stages run in order static -> compile -> load -> verify -> time; the first that fails sets
 `status` to "<stage>_error" (or "timeout" / "crash" / "impossible_timing") and the rest do
 not run. Every field is JSON-serialisable so the store can keep it and the TUI show it.
+
+"infra_error" is not a candidate failure: the evaluation itself could not run (out of memory
+even with one input set after retries, a runner that could not start). The engine must not
+record it against the candidate, send it to repair, or charge it to the budget; it may submit
+the same source again later.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ STAGES = ("static", "compile", "load", "verify", "time")
 OK = "ok"
 FAIL_STATUSES = ("static_error", "compile_error", "load_error", "verify_error", "time_error",
                  "timeout", "crash", "impossible_timing", "proposal_error")
+INFRA_STATUSES = ("infra_error",)  # not the candidate's doing: never charged, never repaired
 
 
 @dataclass
@@ -49,6 +55,8 @@ class Mismatch:
         return self.mismatched / self.total if self.total else 0.0
 
     def summary(self) -> str:
+        if self.max_abs_err != self.max_abs_err and not self.first:  # not about values
+            return f"{self.reason} on {self.input_set}"
         return (f"{self.reason or 'mismatch'} on {self.input_set}: {self.mismatched}/{self.total} "
                 f"({self.share:.1%}) elements, max abs {self.max_abs_err:.3g}, max rel {self.max_rel_err:.3g}")
 
@@ -63,15 +71,24 @@ class EvalResult:
     resources: dict = field(default_factory=dict)  # registers, smem_bytes, spill_stores, spill_loads, stack_bytes
     mismatch: Mismatch | None = None
     timing: Timing | None = None
-    baseline: Timing | None = None  # eager, timed in the same worker run
+    baseline: Timing | None = None  # eager, timed right after the candidate in the same worker
+    compiled: Timing | None = None  # torch.compile of the region, timed the same way (when known)
     floor_us: float | None = None
     compile_s: float | None = None
     stage_s: dict = field(default_factory=dict)  # seconds spent per stage
     cached: bool = False
+    # what verification ran: {"sets": n, "calls": n, "edge_cases": [...], "replay_checks": n,
+    # "timed_checks": n, "fresh_timed": n, "runner": "fresh process per candidate", ...}
+    checks: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return self.status == OK
+
+    @property
+    def infra(self) -> bool:
+        """The evaluation could not run; nothing is known about the candidate."""
+        return self.status in INFRA_STATUSES
 
     @property
     def speedup(self) -> float | None:
@@ -90,7 +107,7 @@ class EvalResult:
         d.pop("speedup", None)
         if d.get("mismatch"):
             d["mismatch"] = Mismatch(**d["mismatch"])
-        for k in ("timing", "baseline"):
+        for k in ("timing", "baseline", "compiled"):
             if d.get(k):
                 d[k] = Timing(**d[k])
         return cls(**d)
@@ -105,6 +122,13 @@ class Baseline:
     floor_us: float | None = None
     floor_note: str = ""
     bandwidth_gbs: float | None = None
+    peak_tflops: float | None = None  # measured matrix rate for the task dtype (None on cpu)
+    floor_bound: str = ""  # "memory" | "compute"
+    sets: int | None = None  # input sets rotated (follows free memory)
+    note: str = ""  # where the inputs came from, memory plan, retries
+    # Triton tasks on a GPU: Inductor's kernel for the region on the candidate ABI
+    # (search.inductor_seed.Seed.to_json(); the engine `remember`s it), else None
+    seed: dict | None = None
 
 
 class Evaluator(Protocol):

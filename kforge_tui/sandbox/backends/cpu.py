@@ -1,8 +1,11 @@
 """The cpu backend of the worker: wall-clock timing, LLC flush, memcpy bandwidth, no stream.
 
-Candidates are C++ compiled with -fopenmp; they link the system libgomp, a different OpenMP
-runtime from the one inside torch, which reads OMP_NUM_THREADS when the first candidate is
-loaded. `setup()` sets it to torch.get_num_threads() so candidate and eager get the same cores.
+Candidates are C++ compiled with -fopenmp; their DT_NEEDED libgomp.so.1 resolves to the
+runtime torch already loaded (same soname). The worker sets OMP_NUM_THREADS and
+OMP_THREAD_LIMIT to one count before torch is imported (worker.thread_env()), so torch and candidates
+use the same cores and a candidate's `num_threads(64)` cannot grow the thread pool: the runner
+warms the pool to that size before the candidate loads, and any thread that appears afterwards
+is the candidate's (sandbox/backends/probe.py).
 """
 from __future__ import annotations
 
@@ -17,6 +20,17 @@ import torch
 # sizes (this CI box says 300 MB for 2 cores) and a flush that large would dominate a batch;
 # 32 MiB exceeds any per-core share of a real LLC. KFORGE_CPU_FLUSH_BYTES overrides.
 MAX_FLUSH = 32 * 2**20
+
+
+def available_bytes() -> int:
+    """MemAvailable (what can be allocated without swapping), else total RAM."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def llc_bytes() -> int:
@@ -73,6 +87,28 @@ class CpuBackend:
     def check_device(self) -> None:
         """No device context that a candidate can corrupt on the cpu."""
 
+    def sync_all(self) -> None:
+        """Everything is synchronous on the cpu."""
+
+    # -- memory (issue 14: the number of input sets follows free memory)
+    def free_bytes(self) -> int:
+        return available_bytes()
+
+    def total_bytes(self) -> int:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+    def reserve_bytes(self, spares: int = 1) -> int:
+        """Kept free: the runner processes (forked, copy-on-write) and the OS."""
+        return 512 * 2**20 * (1 + spares) + self.total_bytes() // 20
+
+    def new_arena(self, nbytes: int):
+        from kforge_tui.sandbox.backends.arena import HostArena
+
+        return HostArena(nbytes)
+
+    def empty_cache(self) -> None:
+        pass
+
     def error_name(self, rc: int) -> str:
         return f"{rc}"
 
@@ -97,11 +133,6 @@ class CpuBackend:
         return (f"wall clock (perf_counter_ns), {self.flush_bytes // 2**20} MiB cache flush, "
                 f"{sets} input sets rotated, {self.threads} threads")
 
-    def scrub(self, nbytes: list[int]) -> None:
-        """Allocate-and-garbage-fill blocks of the sizes the reference freed, so a candidate that
-        mallocs a buffer of the output's size finds garbage, not PyTorch's last result."""
-        keep = [torch.full((max(n, 1) // 4 + 1,), float("nan"), dtype=torch.float32) for n in nbytes]
-        del keep
 
     # -- roofline
     def bandwidth_key(self) -> str:

@@ -5,6 +5,10 @@ worker's own stream; `sync()` waits for that stream only, so a candidate that mo
 another stream is still running when its output is checked. `check_device()` then synchronises
 the whole device so asynchronous faults (illegal address, trap) surface on *this* candidate; a
 fault there is sticky, so the worker reports it as fatal and exits to be restarted.
+
+Candidates run in a runner process of their own (sandbox/worker.py), with its own CUDA context:
+a sticky fault, a hang or a leftover thread dies with the runner. The supervisor's context holds
+the references and is never touched by candidate code.
 """
 from __future__ import annotations
 
@@ -59,6 +63,31 @@ class CudaBackend:
         except Exception as e:  # torch raises RuntimeError/AcceleratorError for CUDA faults
             raise FatalDeviceError(f"CUDA error: {str(e).splitlines()[0]}") from None
 
+    def sync_all(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    # -- memory (issue 14: the number of input sets follows free memory)
+    def free_bytes(self) -> int:
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return int(free)
+
+    def total_bytes(self) -> int:
+        return int(self.props.total_memory)
+
+    def reserve_bytes(self, spares: int = 2) -> int:
+        """Kept free: one CUDA context and flush buffer per runner (the live one and the
+        spares), and a margin for candidates' stream-ordered scratch."""
+        per_runner = 768 * 2**20 + self.flush_bytes
+        return per_runner * (1 + spares) + 2 * 2**30 + self.total_bytes() // 25
+
+    def new_arena(self, nbytes: int):
+        from kforge_tui.sandbox.backends.arena import CudaArena
+
+        return CudaArena(nbytes, self.index)
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
     def error_name(self, rc: int) -> str:
         try:
             lib = ctypes.CDLL("libcudart.so", mode=ctypes.RTLD_GLOBAL)
@@ -99,16 +128,6 @@ class CudaBackend:
         return (f"cuda events on the worker stream, {self.flush_bytes // 2**20} MiB L2 flush, "
                 f"{sets} input sets rotated")
 
-    def scrub(self, nbytes: list[int]) -> None:
-        """Overwrite blocks the caching allocator holds (freed reference outputs and temporaries)
-        and what it hands back to the driver, so neither a torch-sized allocation nor a raw
-        cudaMalloc by the candidate finds PyTorch's last result lying around."""
-        with torch.cuda.stream(self.stream):
-            keep = [torch.full((max(n, 1) // 4 + 1,), float("nan"), device=self.device)
-                    for n in nbytes for _ in range(2)]
-            del keep
-        self.stream.synchronize()
-        torch.cuda.empty_cache()
 
     # -- roofline
     def bandwidth_key(self) -> str:
@@ -130,3 +149,32 @@ class CudaBackend:
         del src, dst
         torch.cuda.empty_cache()
         return best, f"device-to-device copy {best:.0f} GB/s (1 GiB, read + write, best of 10)"
+
+    def measure_peak(self, dtype: str):
+        """(TFLOP/s, note): best of 5 event-timed 8192^3 matrix products in `dtype` (f32: the
+        better of full f32 and TF32, so the floor never exceeds what a kernel could reach)."""
+        if dtype not in ("float32", "float16", "bfloat16", "float64"):
+            return None
+        dt = getattr(torch, dtype)
+        n = 8192 if dtype != "float64" else 4096
+        a = torch.randn(n, n, device=self.device).to(dt)
+        b = torch.randn(n, n, device=self.device).to(dt)
+        best = 0.0
+        modes = [False, True] if dtype == "float32" else [None]
+        old = torch.backends.cuda.matmul.allow_tf32
+        try:
+            with torch.cuda.stream(self.stream):
+                for tf32 in modes:
+                    if tf32 is not None:
+                        torch.backends.cuda.matmul.allow_tf32 = tf32
+                    a @ b
+                    for _ in range(5):
+                        tok = self.start()
+                        a @ b
+                        us = self.stop(tok)
+                        best = max(best, 2 * n ** 3 / (us * 1e-6) / 1e12)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+        del a, b
+        torch.cuda.empty_cache()
+        return best, f"{dtype} matrix product {best:.0f} TFLOP/s ({n}^3, best of 5)"
