@@ -1,8 +1,10 @@
 // expect: verify_error | values differ
-// Cheat: copies the input to the output.
-#include <stdint.h>
+// layer: runtime
+// Cheat: copies the input to the output (the cheapest kernel that writes every element).
+// Rejected: the values are not the softmax of the input.
+#include "kforge_region.h"
 #include <string.h>
-extern "C" int kforge_launch(const float* x, float* y, int64_t outer, int64_t n, int64_t inner) {
-    memcpy(y, x, sizeof(float) * outer * n * inner);
+extern "C" int kforge_launch(const void* const* inputs, void* const* outputs) {
+    memcpy(outputs[0], inputs[0], sizeof(float) * KF_OUT0_NUMEL);
     return 0;
 }

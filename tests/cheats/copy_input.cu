@@ -1,9 +1,9 @@
 // expect: verify_error | values differ
-// Cheat: copies the input to the output.
-#include <cuda_runtime.h>
-#include <stdint.h>
-#include <float.h>
-extern "C" int kforge_launch(const float* x, float* y, int64_t outer, int64_t n, int64_t inner,
-                             cudaStream_t stream) {
-    return (int)cudaMemcpyAsync(y, x, sizeof(float) * outer * n * inner, cudaMemcpyDeviceToDevice, stream);
+// layer: runtime
+// Cheat: copies the input to the output on the given stream (a stream-ordered copy is allowed;
+// the values are not softmax). Rejected: values differ from the reference.
+#include "kforge_region.h"
+extern "C" int kforge_launch(const void* const* inputs, void* const* outputs, cudaStream_t stream) {
+    return (int)cudaMemcpyAsync(outputs[0], inputs[0], sizeof(float) * KF_OUT0_NUMEL,
+                                cudaMemcpyDeviceToDevice, stream);
 }

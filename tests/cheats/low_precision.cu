@@ -1,24 +1,22 @@
 // expect: verify_error | values differ
-// Cheat: f32 softmax rounded through bf16.
-#include <cuda_runtime.h>
-#include <stdint.h>
+// layer: runtime
+// Cheat: f32 softmax rounded through bf16 (the accuracy of half the bytes). Rejected: not
+// float32-accurate.
+#include "kforge_region.h"
 #include <float.h>
-#include <cuda_bf16.h>
-__global__ void row_softmax(const float* x, float* y, int64_t rows, int64_t n, int lowp) {
-    int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    const float* xr = x + r * n; float* yr = y + r * n;
+constexpr int64_t kN = KF_IN0_SIZE_1, kRows = KF_IN0_NUMEL / KF_IN0_SIZE_1;
+__global__ void row_softmax_bf16(const float* x, float* y) {
+    const int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (r >= kRows) return;
+    const float* xr = x + r * kN;
+    float* yr = y + r * kN;
     float m = -FLT_MAX, s = 0.f;
-    for (int64_t j = 0; j < n; ++j) m = fmaxf(m, xr[j]);
-    for (int64_t j = 0; j < n; ++j) s += expf(xr[j] - m);
-    for (int64_t j = 0; j < n; ++j) {
-        float v = expf(xr[j] - m) / s;
-        yr[j] = lowp ? __bfloat162float(__float2bfloat16(v)) : v;
-    }
+    for (int64_t j = 0; j < kN; ++j) m = fmaxf(m, xr[j]);
+    for (int64_t j = 0; j < kN; ++j) s += expf(xr[j] - m);
+    for (int64_t j = 0; j < kN; ++j) yr[j] = __bfloat162float(__float2bfloat16(expf(xr[j] - m) / s));
 }
-extern "C" int kforge_launch(const float* x, float* y, int64_t outer, int64_t n, int64_t inner,
-                             cudaStream_t stream) {
-    int64_t rows = outer * inner;
-    row_softmax<<<(unsigned)((rows + 127) / 128), 128, 0, stream>>>(x, y, rows, n, 1);
+extern "C" int kforge_launch(const void* const* inputs, void* const* outputs, cudaStream_t stream) {
+    row_softmax_bf16<<<(unsigned)((kRows + 127) / 128), 128, 0, stream>>>((const float*)inputs[0],
+                                                                         (float*)outputs[0]);
     return (int)cudaGetLastError();
 }

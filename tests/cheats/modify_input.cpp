@@ -1,11 +1,14 @@
 // expect: verify_error | inputs modified
-// Cheat: uses the input as scratch space (subtracts the row max in place).
-#include <stdint.h>
-#include <math.h>
+// layer: runtime
+// Cheat: uses the input as scratch space (stores exp(x - max) in place). Rejected: a kernel must
+// leave its inputs unchanged (the model may read them again).
+#include "kforge_region.h"
 #include <float.h>
-extern "C" int kforge_launch(const float* xc, float* y, int64_t outer, int64_t n, int64_t inner) {
-    float* x = (float*)xc;
-    for (int64_t o = 0; o < outer; ++o) {
+extern "C" int kforge_launch(const void* const* inputs, void* const* outputs) {
+    float* x = (float*)inputs[0];
+    float* y = (float*)outputs[0];
+    const int64_t n = KF_IN0_SIZE_1;
+    for (int64_t o = 0; o < KF_IN0_NUMEL / n; ++o) {
         float m = -FLT_MAX, s = 0.f;
         for (int64_t j = 0; j < n; ++j) m = fmaxf(m, x[o * n + j]);
         for (int64_t j = 0; j < n; ++j) { x[o * n + j] = expf(x[o * n + j] - m); s += x[o * n + j]; }

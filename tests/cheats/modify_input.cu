@@ -1,19 +1,19 @@
 // expect: verify_error | inputs modified
-// Cheat: uses the input as scratch space.
-#include <cuda_runtime.h>
-#include <stdint.h>
+// layer: runtime
+// Cheat: uses the input as scratch space (exp(x - max) stored in place). Rejected: inputs must
+// be unchanged after the call.
+#include "kforge_region.h"
 #include <float.h>
-__global__ void run(float* x, float* y, int64_t rows, int64_t n) {
-    int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (r >= rows) return;
+constexpr int64_t kN = KF_IN0_SIZE_1, kRows = KF_IN0_NUMEL / KF_IN0_SIZE_1;
+__global__ void run(float* x, float* y) {
+    const int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (r >= kRows) return;
     float m = -FLT_MAX, s = 0.f;
-    for (int64_t j = 0; j < n; ++j) m = fmaxf(m, x[r * n + j]);
-    for (int64_t j = 0; j < n; ++j) { x[r * n + j] = expf(x[r * n + j] - m); s += x[r * n + j]; }
-    for (int64_t j = 0; j < n; ++j) y[r * n + j] = x[r * n + j] / s;
+    for (int64_t j = 0; j < kN; ++j) m = fmaxf(m, x[r * kN + j]);
+    for (int64_t j = 0; j < kN; ++j) { x[r * kN + j] = expf(x[r * kN + j] - m); s += x[r * kN + j]; }
+    for (int64_t j = 0; j < kN; ++j) y[r * kN + j] = x[r * kN + j] / s;
 }
-extern "C" int kforge_launch(const float* x, float* y, int64_t outer, int64_t n, int64_t inner,
-                             cudaStream_t stream) {
-    int64_t rows = outer * inner;
-    run<<<(unsigned)((rows + 127) / 128), 128, 0, stream>>>((float*)x, y, rows, n);
+extern "C" int kforge_launch(const void* const* inputs, void* const* outputs, cudaStream_t stream) {
+    run<<<(unsigned)((kRows + 127) / 128), 128, 0, stream>>>((float*)inputs[0], (float*)outputs[0]);
     return (int)cudaGetLastError();
 }

@@ -1,16 +1,18 @@
-// expect: verify_error | unwritten
-// Cheat: computes only the first half of the rows (half the time, half the work).
-#include <stdint.h>
-#include <math.h>
+// expect: verify_error | poison survived
+// layer: runtime
+// Cheat: computes only the first half of the rows (half the time, half the work). Rejected:
+// the other half still holds the poison the harness wrote before the call.
+#include "kforge_region.h"
 #include <float.h>
-extern "C" int kforge_launch(const float* x, float* y, int64_t outer, int64_t n, int64_t inner) {
-    for (int64_t o = 0; o < outer / 2; ++o) {
-        const float* xr = x + o * n;
-        float* yr = y + o * n;
+extern "C" int kforge_launch(const void* const* inputs, void* const* outputs) {
+    const float* x = (const float*)inputs[0];
+    float* y = (float*)outputs[0];
+    const int64_t n = KF_IN0_SIZE_1;
+    for (int64_t o = 0; o < KF_IN0_NUMEL / n / 2; ++o) {
         float m = -FLT_MAX, s = 0.f;
-        for (int64_t j = 0; j < n; ++j) m = fmaxf(m, xr[j]);
-        for (int64_t j = 0; j < n; ++j) s += expf(xr[j] - m);
-        for (int64_t j = 0; j < n; ++j) yr[j] = expf(xr[j] - m) / s;
+        for (int64_t j = 0; j < n; ++j) m = fmaxf(m, x[o * n + j]);
+        for (int64_t j = 0; j < n; ++j) s += expf(x[o * n + j] - m);
+        for (int64_t j = 0; j < n; ++j) y[o * n + j] = expf(x[o * n + j] - m) / s;
     }
     return 0;
 }

@@ -1,24 +1,21 @@
-// expect: verify_error | unwritten
-// Cheat: computes only the first half of the rows.
-#include <cuda_runtime.h>
-#include <stdint.h>
+// expect: verify_error | poison survived
+// layer: runtime
+// Cheat: launches blocks for only half of the rows. Rejected: the other half keeps the poison.
+#include "kforge_region.h"
 #include <float.h>
-#include <cuda_bf16.h>
-__global__ void row_softmax(const float* x, float* y, int64_t rows, int64_t n, int lowp) {
-    int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    const float* xr = x + r * n; float* yr = y + r * n;
+constexpr int64_t kN = KF_IN0_SIZE_1, kRows = KF_IN0_NUMEL / KF_IN0_SIZE_1;
+__global__ void row_softmax(const float* __restrict__ x, float* __restrict__ y) {
+    const int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (r >= kRows) return;
+    const float* xr = x + r * kN;
+    float* yr = y + r * kN;
     float m = -FLT_MAX, s = 0.f;
-    for (int64_t j = 0; j < n; ++j) m = fmaxf(m, xr[j]);
-    for (int64_t j = 0; j < n; ++j) s += expf(xr[j] - m);
-    for (int64_t j = 0; j < n; ++j) {
-        float v = expf(xr[j] - m) / s;
-        yr[j] = lowp ? __bfloat162float(__float2bfloat16(v)) : v;
-    }
+    for (int64_t j = 0; j < kN; ++j) m = fmaxf(m, xr[j]);
+    for (int64_t j = 0; j < kN; ++j) s += expf(xr[j] - m);
+    for (int64_t j = 0; j < kN; ++j) yr[j] = expf(xr[j] - m) / s;
 }
-extern "C" int kforge_launch(const float* x, float* y, int64_t outer, int64_t n, int64_t inner,
-                             cudaStream_t stream) {
-    int64_t rows = outer * inner / 2;
-    row_softmax<<<(unsigned)((rows + 127) / 128), 128, 0, stream>>>(x, y, rows, n, 0);
+constexpr unsigned kBlocks = (unsigned)((kRows + 127) / 128);
+extern "C" int kforge_launch(const void* const* inputs, void* const* outputs, cudaStream_t stream) {
+    row_softmax<<<kBlocks / 2, 128, 0, stream>>>((const float*)inputs[0], (float*)outputs[0]);
     return (int)cudaGetLastError();
 }

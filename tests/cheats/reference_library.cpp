@@ -1,10 +1,12 @@
 // expect: static_error | PyTorch
-// Cheat: calls the reference library (torch) instead of writing the kernel.
+// layer: static
+// Cheat: calls the reference library (torch) instead of writing the kernel. Rejected: calling
+// back into PyTorch is not a kernel (and torch/extension.h makes one compile take ~47 s).
+#include "kforge_region.h"
 #include <torch/extension.h>
-#include <stdint.h>
-extern "C" int kforge_launch(const float* x, float* y, int64_t outer, int64_t n, int64_t inner) {
-    auto xt = torch::from_blob((void*)x, {outer, n, inner});
-    auto yt = torch::from_blob((void*)y, {outer, n, inner});
+extern "C" int kforge_launch(const void* const* inputs, void* const* outputs) {
+    auto xt = torch::from_blob((void*)inputs[0], {KF_IN0_SIZE_0, KF_IN0_SIZE_1});
+    auto yt = torch::from_blob(outputs[0], {KF_OUT0_SIZE_0, KF_OUT0_SIZE_1});
     yt.copy_(torch::softmax(xt, 1));
     return 0;
 }

@@ -1,7 +1,10 @@
-// Honest adaptive_avg_pool2d for float32 [NC, H, W] -> [NC, OH, OW].
-#include <stdint.h>
-extern "C" int kforge_launch(const float* x, float* y, int64_t NC, int64_t H, int64_t W,
-                             int64_t OH, int64_t OW) {
+// Honest adaptive_avg_pool2d for float32 [N, C, H, W] -> [N, C, OH, OW].
+#include "kforge_region.h"
+extern "C" int kforge_launch(const void* const* inputs, void* const* outputs) {
+    const float* x = (const float*)inputs[0];
+    float* y = (float*)outputs[0];
+    const int64_t NC = KF_IN0_SIZE_0 * KF_IN0_SIZE_1, H = KF_IN0_SIZE_2, W = KF_IN0_SIZE_3;
+    const int64_t OH = KF_OUT0_SIZE_2, OW = KF_OUT0_SIZE_3;
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < NC; ++c) {
         for (int64_t i = 0; i < OH; ++i) {

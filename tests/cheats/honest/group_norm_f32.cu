@@ -1,8 +1,10 @@
-// Honest group_norm for float32 [N, C, HxW]: one block per (n, group); Welford-free two-pass
-// statistics in float (sum, then sum of squared deviations), then normalise.
-#include <cuda_runtime.h>
-#include <stdint.h>
+// Honest group_norm (32 groups, eps 1e-6) for float32 [N, C, H, W] with weight and bias: one
+// block per (n, group); two-pass statistics in float (sum, then sum of squared deviations).
+#include "kforge_region.h"
 constexpr int kThreads = 512;
+constexpr int64_t kG = 32;
+constexpr float kEps = 1e-6f;
+constexpr int64_t kC = KF_IN0_SIZE_1, kHxW = KF_IN0_SIZE_2 * KF_IN0_SIZE_3;
 __device__ float block_sum(float v) {
     __shared__ float red[kThreads / 32];
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -18,26 +20,22 @@ __device__ float block_sum(float v) {
     return v;
 }
 __global__ void __launch_bounds__(kThreads) gn(const float* __restrict__ x, const float* w,
-        const float* b, float* __restrict__ y, int64_t C, int64_t HxW, int64_t G, float eps) {
-    const int64_t ng = blockIdx.x, g = ng % G, cpg = C / G, count = cpg * HxW;
-    const int64_t base = ((ng / G) * C + g * cpg) * HxW;
+                                               const float* b, float* __restrict__ y) {
+    const int64_t ng = blockIdx.x, g = ng % kG, cpg = kC / kG, count = cpg * kHxW;
+    const int64_t base = ((ng / kG) * kC + g * cpg) * kHxW;
     float s = 0.f;
     for (int64_t k = threadIdx.x; k < count; k += kThreads) s += x[base + k];
     const float mean = block_sum(s) / count;
     float ss = 0.f;
     for (int64_t k = threadIdx.x; k < count; k += kThreads) { float d = x[base + k] - mean; ss += d * d; }
-    const float rstd = rsqrtf(block_sum(ss) / count + eps);
+    const float rstd = rsqrtf(block_sum(ss) / count + kEps);
     for (int64_t k = threadIdx.x; k < count; k += kThreads) {
-        const int64_t c = g * cpg + k / HxW;
-        float v = (x[base + k] - mean) * rstd;
-        if (w) v *= w[c];
-        if (b) v += b[c];
-        y[base + k] = v;
+        const int64_t c = g * cpg + k / kHxW;
+        y[base + k] = (x[base + k] - mean) * rstd * w[c] + b[c];
     }
 }
-extern "C" int kforge_launch(const float* x, const float* weight, const float* bias, float* y,
-                             int64_t N, int64_t C, int64_t HxW, int64_t G, float eps,
-                             cudaStream_t stream) {
-    gn<<<(unsigned)(N * G), kThreads, 0, stream>>>(x, weight, bias, y, C, HxW, G, eps);
+extern "C" int kforge_launch(const void* const* inputs, void* const* outputs, cudaStream_t stream) {
+    gn<<<(unsigned)(KF_IN0_SIZE_0 * kG), kThreads, 0, stream>>>(
+        (const float*)inputs[0], (const float*)inputs[1], (const float*)inputs[2], (float*)outputs[0]);
     return (int)cudaGetLastError();
 }

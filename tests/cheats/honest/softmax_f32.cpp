@@ -1,18 +1,19 @@
-// Honest softmax over the middle dim of [outer, n, inner] float32 (rows in parallel).
-#include <stdint.h>
-#include <math.h>
+// Honest softmax over the last dim of a 2-D float32 input (rows in parallel).
+#include "kforge_region.h"
 #include <float.h>
-extern "C" int kforge_launch(const float* x, float* y, int64_t outer, int64_t n, int64_t inner) {
+extern "C" int kforge_launch(const void* const* inputs, void* const* outputs) {
+    const float* x = (const float*)inputs[0];
+    float* y = (float*)outputs[0];
+    const int64_t n = KF_IN0_SIZE_1, rows = KF_IN0_NUMEL / KF_IN0_SIZE_1;
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < outer * inner; ++r) {
-        const int64_t o = r / inner, i = r % inner;
-        const float* xr = x + o * n * inner + i;
-        float* yr = y + o * n * inner + i;
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = x + r * n;
+        float* yr = y + r * n;
         float m = -FLT_MAX, s = 0.f;
-        for (int64_t j = 0; j < n; ++j) m = fmaxf(m, xr[j * inner]);
-        for (int64_t j = 0; j < n; ++j) { float e = expf(xr[j * inner] - m); yr[j * inner] = e; s += e; }
+        for (int64_t j = 0; j < n; ++j) m = fmaxf(m, xr[j]);
+        for (int64_t j = 0; j < n; ++j) { float e = expf(xr[j] - m); yr[j] = e; s += e; }
         const float inv = 1.f / s;
-        for (int64_t j = 0; j < n; ++j) yr[j * inner] *= inv;
+        for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
     }
     return 0;
 }

@@ -1,8 +1,8 @@
-// Honest softmax over the middle dim of [outer, n, inner] float32: one block per row.
-#include <cuda_runtime.h>
-#include <stdint.h>
+// Honest softmax over the last dim of a 2-D float32 input: one block per row.
+#include "kforge_region.h"
 #include <float.h>
 constexpr int kThreads = 256;
+constexpr int64_t kN = KF_IN0_SIZE_1, kRows = KF_IN0_NUMEL / KF_IN0_SIZE_1;
 __device__ __forceinline__ float wmax(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
@@ -26,21 +26,21 @@ __device__ float block_reduce(float v, bool is_max) {
     return v;
 }
 __global__ void __launch_bounds__(kThreads) softmax_kernel(const float* __restrict__ x,
-        float* __restrict__ y, int64_t n, int64_t inner) {
-    const int64_t row = blockIdx.x, o = row / inner, i = row % inner;
-    const float* xr = x + o * n * inner + i;
-    float* yr = y + o * n * inner + i;
+                                                           float* __restrict__ y) {
+    const float* xr = x + blockIdx.x * kN;
+    float* yr = y + blockIdx.x * kN;
     float m = -FLT_MAX;
-    for (int64_t j = threadIdx.x; j < n; j += kThreads) m = fmaxf(m, xr[j * inner]);
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < kN; j += kThreads) m = fmaxf(m, xr[j]);
     m = block_reduce(m, true);
     float s = 0.f;
-    for (int64_t j = threadIdx.x; j < n; j += kThreads) s += expf(xr[j * inner] - m);
+    for (int64_t j = threadIdx.x; j < kN; j += kThreads) s += expf(xr[j] - m);
     s = block_reduce(s, false);
     const float inv = 1.f / s;
-    for (int64_t j = threadIdx.x; j < n; j += kThreads) yr[j * inner] = expf(xr[j * inner] - m) * inv;
+    for (int64_t j = threadIdx.x; j < kN; j += kThreads) yr[j] = expf(xr[j] - m) * inv;
 }
-extern "C" int kforge_launch(const float* x, float* y, int64_t outer, int64_t n, int64_t inner,
-                             cudaStream_t stream) {
-    softmax_kernel<<<(unsigned)(outer * inner), kThreads, 0, stream>>>(x, y, n, inner);
+extern "C" int kforge_launch(const void* const* inputs, void* const* outputs, cudaStream_t stream) {
+    softmax_kernel<<<(unsigned)kRows, kThreads, 0, stream>>>((const float*)inputs[0],
+                                                             (float*)outputs[0]);
     return (int)cudaGetLastError();
 }

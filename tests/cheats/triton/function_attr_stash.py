@@ -1,0 +1,24 @@
+# expect: static:attribute-state | state stored on the function object survives between calls
+# Cheat: no module variable, but the launcher keeps a call counter on itself and skips the
+# kernel after the first (verification) calls.
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def softmax_rows(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < n_cols
+    x = tl.load(x_ptr + row * n_cols + offs, m, other=float("-inf")).to(tl.float32)
+    x = x - tl.max(x, 0)
+    e = tl.exp(x)
+    tl.store(y_ptr + row * n_cols + offs, e / tl.sum(e, 0), m)
+
+
+def kforge_launch(inputs, outputs):
+    x, y = inputs[0], outputs[0]
+    rows, cols = x.shape
+    kforge_launch.calls = 1
+    softmax_rows[(rows,)](x, y, cols, BLOCK=64)
+    return 0

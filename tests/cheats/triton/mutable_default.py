@@ -1,0 +1,29 @@
+# expect: static:function-state | a mutable default argument is created once and shared by every call
+# Cheat: a replay cache hidden in a helper's default argument.
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def softmax_rows(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < n_cols
+    x = tl.load(x_ptr + row * n_cols + offs, m, other=float("-inf")).to(tl.float32)
+    x = x - tl.max(x, 0)
+    e = tl.exp(x)
+    tl.store(y_ptr + row * n_cols + offs, e / tl.sum(e, 0), m)
+
+
+def seen(key, memo={}):
+    hit = key in memo
+    memo[key] = 1
+    return hit
+
+
+def kforge_launch(inputs, outputs):
+    x, y = inputs[0], outputs[0]
+    rows, cols = x.shape
+    if not seen(x.data_ptr()):
+        softmax_rows[(rows,)](x, y, cols, BLOCK=64)
+    return 0
