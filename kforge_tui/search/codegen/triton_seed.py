@@ -1,0 +1,186 @@
+"""Triton designs seeded from Inductor: torch.compile's own kernel for the region, and moves over it.
+
+For a task on the `triton` backend, each design is one Inductor variant of the region's code
+(search/inductor_seed.py), rewritten to the candidate ABI:
+
+  inductor          what torch.compile generates by default (its default point is the seed
+                    node: Inductor's kernel with the config its autotuner picked, when the seed
+                    came from the worker's compile of the region, else its first heuristic config)
+  inductor_looped   reductions as a loop over R0_BLOCK chunks (`persistent_reductions=False`)
+                    where Inductor's default keeps the whole row in registers: persistent vs looped
+  inductor_nosplit  without Inductor's split reductions (its two-kernel split of a long reduction
+                    into partials + a tiny combining kernel is the default where it applies)
+  inductor_coop     the reduction split over RSPLIT programs per row that combine through a
+                    workspace at a grid barrier (cooperative launch; GPU only): long rows, few rows
+
+A variant identical to an earlier one is not offered. Parameters (of the main kernel: the
+reduction, else the largest launch; the others keep Inductor's config):
+  XBLOCK / YBLOCK   rows (tile) per program            R0_BLOCK   chunk of a looped reduction
+  num_warps         1..32                              num_stages 1..4 (software pipelining)
+  evict             inductor (Inductor's eviction_policy hints) | none | stream (evict_first on
+                    every load: one-pass streaming)
+Moves between designs (the proposer's "family:" moves) are persistent <-> looped, split or not,
+cooperative or not.
+
+Family kernels (search/families) are CUDA/C++ sources: a triton task's candidates are Python, so
+a family cannot be a move inside a triton search (a Design renders one backend's source). The
+engine offers both by searching the region on both backends (`--backend auto`) and integrating
+the faster winner; see the issue-13 report.
+
+Import this module to register the generator (search/codegen/__init__.py lists it).
+"""
+from __future__ import annotations
+
+import threading
+
+from kforge_tui.regions.task import Task
+from kforge_tui.search import designs, inductor_seed
+
+POW2 = tuple(1 << i for i in range(0, 13))  # 1..4096
+RBLOCKS = tuple(1 << i for i in range(4, 15))  # 16..16384
+WARPS = (1, 2, 4, 8, 16, 32)
+STAGES = (1, 2, 3, 4)
+EVICT = ("inductor", "none", "stream")
+MAX_BLOCK_ELEMS = 1 << 16  # elements one program holds per tile (registers)
+NAMES = {"default": "inductor", "looped": "inductor_looped", "nosplit": "inductor_nosplit",
+         "coop": "inductor_coop"}
+
+
+def _np2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+class TritonSeedDesign:
+    """One Inductor variant of a region as a searchable Triton design."""
+
+    backend = "triton"
+
+    def __init__(self, task: Task, seed: inductor_seed.Seed, variant: str):
+        self.seed = seed
+        self.variant = variant
+        self.name = NAMES.get(variant, f"inductor_{variant}")
+        self.op = task.pattern or task.kind or "pointwise"
+        k = seed.main
+        self.kernel = k.name
+        ln = seed.launch_of(k.name)
+        self.numels = dict(ln.numels)
+        cfg = k.default_config
+        sp: dict = {}
+        fixed = ("RSPLIT",) if k.cooperative else ()
+        if "XBLOCK" in k.constexprs and not k.cooperative:
+            sp["XBLOCK"] = POW2
+        if "YBLOCK" in k.constexprs:
+            sp["YBLOCK"] = POW2
+        if "R0_BLOCK" in k.constexprs:
+            sp["R0_BLOCK"] = RBLOCKS
+        sp["num_warps"] = WARPS
+        sp["num_stages"] = STAGES
+        sp["evict"] = EVICT
+        self.space = sp
+        self._fixed = {c: cfg["kwargs"][c] for c in cfg.get("kwargs", {})
+                       if c not in sp and c in k.constexprs}
+        self._fixed.update({c: cfg["kwargs"][c] for c in fixed if c in cfg.get("kwargs", {})})
+        d = {c: cfg["kwargs"][c] for c in ("XBLOCK", "YBLOCK", "R0_BLOCK") if c in sp
+             and c in cfg.get("kwargs", {})}
+        for c in ("XBLOCK", "YBLOCK", "R0_BLOCK"):
+            if c in sp and c not in d:
+                d[c] = sp[c][0] if c != "R0_BLOCK" else min(2048, _np2(self._r()))
+        d["num_warps"] = int(cfg.get("num_warps", 4))
+        d["num_stages"] = int(cfg.get("num_stages", 1))
+        d["evict"] = "inductor"
+        # snap Inductor's values onto the axes (they always are powers of two; be safe)
+        for c, vals in sp.items():
+            if d[c] not in vals:
+                d[c] = min(vals, key=lambda v: abs(v - d[c]) if isinstance(v, int) else 0)
+        self._default = d
+
+    # --------------------------------------------------------------- Design protocol
+    def _r(self) -> int:
+        return int(self.numels.get("r0_numel", 1))
+
+    def default(self, task: Task) -> dict:
+        return dict(self._default)
+
+    def valid(self, task: Task, p: dict) -> bool:
+        try:
+            for c, vals in self.space.items():
+                if p.get(c) not in vals:
+                    return False
+            k = self.seed.kernels[self.kernel]
+            x = int(self.numels.get("xnumel", 1))
+            y = int(self.numels.get("ynumel", 1))
+            r = self._r()
+            xb = p.get("XBLOCK", self._fixed.get("XBLOCK", 1))
+            yb = p.get("YBLOCK", 1)
+            rb = p.get("R0_BLOCK", k.rblock_fixed or 1)
+            if "XBLOCK" in self.space and xb > max(1, _np2(x)) and xb != self._default.get("XBLOCK"):
+                return False  # a tile taller than the problem
+            if "YBLOCK" in self.space and yb > max(1, _np2(y)) and yb != self._default.get("YBLOCK"):
+                return False
+            if "R0_BLOCK" in self.space and rb > max(16, _np2(r)) \
+                    and rb != self._default.get("R0_BLOCK"):
+                return False
+            elems = xb * yb * rb
+            if elems > MAX_BLOCK_ELEMS and p != self._default:
+                return False
+            if p["num_warps"] * 32 > max(32, elems) * 4 and p["num_warps"] > self._default["num_warps"]:
+                return False  # far more threads than elements in a tile
+            meta = {**self._fixed, **{c: p[c] for c in ("XBLOCK", "YBLOCK", "R0_BLOCK") if c in p}}
+            gx, gy, gz = inductor_seed.compute_grid(k, self.numels, meta)
+            return 0 < gx < 2**31 and 0 <= gy <= 65535 and 0 <= gz <= 65535
+        except Exception:
+            return False
+
+    def config(self, p: dict) -> dict:
+        kw = dict(self._fixed)
+        kw.update({c: p[c] for c in ("XBLOCK", "YBLOCK", "R0_BLOCK") if c in p})
+        return {"kwargs": kw, "num_warps": int(p["num_warps"]), "num_stages": int(p["num_stages"])}
+
+    def render(self, task: Task, p: dict) -> str:
+        moved = {c: v for c, v in p.items() if self._default.get(c) != v}
+        what = ("Inductor's kernel as torch.compile generates it" if not moved else
+                "Inductor's kernel, " + ", ".join(f"{c}={v}" for c, v in sorted(moved.items())))
+        header = (f'"""{what} (variant {self.variant}, generated on {self.seed.device}); '
+                  'kforge ABI."""')
+        return self.seed.render({self.kernel: self.config(p)}, evict=p.get("evict", "inductor"),
+                                header=header)
+
+    def extent(self, task: Task) -> tuple[int, int]:
+        rows = int(self.numels.get("xnumel", 1)) * int(self.numels.get("ynumel", 1))
+        return max(1, rows), max(1, self._r())
+
+
+_CACHE: dict[str, list] = {}
+_LOCK = threading.Lock()
+
+
+def generate(task: Task) -> list:
+    """The Inductor-seeded designs of a triton task (none for another backend, or when
+    Inductor's code for the region cannot be rewritten)."""
+    if task.backend != "triton":
+        return []
+    with _LOCK:
+        got = _CACHE.get(task.key)
+    if got is not None:
+        return got
+    out, seen = [], set()
+    for variant in inductor_seed.VARIANTS:
+        seed = inductor_seed.seed_for(task, variant)
+        if seed is None:
+            continue
+        try:
+            d = TritonSeedDesign(task, seed, variant)
+            text = seed.render({d.kernel: d.config(d.default(task))})
+        except Exception:
+            continue
+        body = text.split('"""', 2)[-1]
+        if body in seen:
+            continue  # Inductor produced the same code for this variant
+        seen.add(body)
+        out.append(d)
+    with _LOCK:
+        _CACHE[task.key] = out
+    return out
+
+
+designs.register_generator(generate)
