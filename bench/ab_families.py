@@ -81,7 +81,7 @@ def time_ab(adir: Path, rounds: int, reps: int, only: str = "") -> int:
     import torch
     from check_families_gpu import checked_call, compile_one, inputs_for, time_fn
 
-    from kforge_tui.workload import catalogue
+    from kforge_tui.regions import patterns
 
     work = Path(tempfile.mkdtemp(prefix="kforge_ab_"))
     flush = torch.empty(2**26, dtype=torch.float32, device="cuda")
@@ -97,7 +97,7 @@ def time_ab(adir: Path, rounds: int, reps: int, only: str = "") -> int:
         pb = {**fam.default(task), **over}
         srcs = {"A": (adir / m["file"]).read_text(), "B": fam.render(task, pb)}
         inp = inputs_for(task, torch.Generator(device="cuda").manual_seed(len(rows)))
-        ref = catalogue.reference(task, inp)
+        ref = patterns.reference(task, inp)
         calls = {}
         for k, src in srcs.items():
             so, log = compile_one(src, work, f"{k}{m['file'][:-3]}")

@@ -6,11 +6,11 @@
     python bench/check_families_gpu.py --no-compile --points 3 --extra   # + the EXTRA points below
 
 For each case and each cuda family that serves it: the default point plus a few one-parameter
-neighbours are rendered, compiled with nvcc in parallel, checked against PyTorch (the sandbox's
+neighbours are rendered, compiled with nvcc in parallel, checked against PyTorch (the verification's
 per-dtype tolerance) and timed with CUDA events around each call, L2 flushed before each call,
 median of --reps calls after warm-up; eager, torch.compile and Liger-Kernel (where it
 has the op and `liger_kernel` imports) are timed the same way. The floor
-is catalogue.bytes_moved over the measured device-to-device copy bandwidth. Self-contained:
+is patterns.bytes_moved over the measured device-to-device copy bandwidth. Self-contained:
 only torch, nvcc and this package. Target: < 8 minutes on an H200.
 """
 from __future__ import annotations
@@ -30,12 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from kforge_tui.sandbox.verify import tolerance  # noqa: E402
 from kforge_tui.search.families import families_for  # noqa: E402
 from kforge_tui.search.proposers.builtin import BuiltinProposer  # noqa: E402
-from kforge_tui.workload import catalogue  # noqa: E402
+from kforge_tui.regions import patterns  # noqa: E402
 
 TD = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# (rtol, atol relative to the reference's largest magnitude): the verification's per-dtype table
+TOL = {"float32": (1e-4, 1e-5), "float16": (2e-3, 1e-3), "bfloat16": (1.6e-2, 8e-3)}
 
 
 def make(op, shape, dtype, **params):
@@ -44,7 +45,7 @@ def make(op, shape, dtype, **params):
     if op == "silu_mul":
         rows, cols = shape
         whole = e(rows, 2 * cols)
-        return catalogue.make_task(op, {"a": whole[:, :cols], "b": whole[:, cols:]}, params, e(rows, cols), "cuda")
+        return patterns.make_task(op, {"a": whole[:, :cols], "b": whole[:, cols:]}, params, e(rows, cols), "cuda")
     inputs = {"x": e(shape)}
     out = e(shape)
     if op == "layer_norm":
@@ -58,7 +59,7 @@ def make(op, shape, dtype, **params):
         inputs.update(weight=e(shape[1]), bias=e(shape[1]))
     elif op == "adaptive_avg_pool2d":
         out = e(shape[:-2] + tuple(params["output_size"]))
-    return catalogue.make_task(op, inputs, params, out, "cuda")
+    return patterns.make_task(op, inputs, params, out, "cuda")
 
 
 CASES = [
@@ -172,11 +173,11 @@ def copy_bandwidth(flush) -> float:
 
 
 def kernel_call(task, so, inp, y):
-    fn = getattr(ctypes.CDLL(so), catalogue.ENTRY)
+    fn = getattr(ctypes.CDLL(so), patterns.ENTRY)
     fn.restype = ctypes.c_int
-    sig = catalogue.signature(task, "cuda")
+    sig = patterns.signature(task, "cuda")
     fn.argtypes = sig.argtypes()
-    args = sig.call_args(inp, y, catalogue.scalar_args(task), torch.cuda.current_stream().cuda_stream)
+    args = sig.call_args(inp, y, patterns.scalar_args(task), torch.cuda.current_stream().cuda_stream)
     return lambda: fn(*args)
 
 
@@ -191,7 +192,7 @@ def checked_call(task, so, inp, ref):
 
 
 def check(task, out, ref) -> str | None:
-    rtol, atol = tolerance(task.output.dtype)
+    rtol, atol = TOL[task.output.dtype]
     e, g = ref.float(), out.float()
     scale = float(e.abs().max())
     bad = ~((g == e) | ((g - e).abs() <= atol * scale + rtol * e.abs()))
@@ -229,17 +230,17 @@ def main() -> int:
     for ci, (name, task) in enumerate(cases):
         gen = torch.Generator(device="cuda").manual_seed(ci)
         inp = inputs_for(task, gen)
-        ref = catalogue.reference(task, inp)
-        floor_b, note = catalogue.bytes_moved(task)
+        ref = patterns.reference(task, inp)
+        floor_b, note = patterns.bytes_moved(task)
         floor = floor_b / (bw * 1e9) * 1e6
-        eager = time_fn(lambda: catalogue.reference(task, inp), a.reps, flush)
+        eager = time_fn(lambda: patterns.reference(task, inp), a.reps, flush)
         if a.read_flush:
-            re_ = time_fn(lambda: catalogue.reference(task, inp), a.reps, flush, "read")
+            re_ = time_fn(lambda: patterns.reference(task, inp), a.reps, flush, "read")
             print(f"  {name}: eager {eager:8.1f} us, rflush {re_:8.1f} us", flush=True)
         comp = float("nan")
         if not a.no_compile:
             try:
-                cf = torch.compile(lambda d: catalogue.reference(task, d))
+                cf = torch.compile(lambda d: patterns.reference(task, d))
                 cf(inp)
                 comp = time_fn(lambda: cf(inp), a.reps, flush)
             except Exception as e:  # report, keep going

@@ -2,34 +2,38 @@
 
     python bench/cpu_families.py [--repeats 5] [--dtype float32] [--only softmax,silu] [--all-points]
 
-Every candidate goes through the product's own sandbox (EvaluatorPool: static check, g++
-`-O3 -march=native -fopenmp`, load in a worker process, verify against PyTorch, wall-clock
-timing). The worker sets OMP_WAIT_POLICY=PASSIVE and gives candidates torch's thread count, and
-each EvalResult carries the eager time measured in the same worker run, so kernel and eager are
-timed side by side under the same conditions. A 2-core VM is noisy: each case is evaluated
-`--repeats` times, each repeat in a fresh worker that re-times eager next to the kernels (the
-compile is cached, the timing is not); the table shows the median of the per-repeat medians with
-their spread (min..max), and the median per-repeat speedup.
+Self-contained (the sandbox worker is being rewritten): each point is rendered, compiled with
+g++ `-O3 -march=native -fopenmp`, loaded with ctypes in this process (OMP_WAIT_POLICY=PASSIVE and
+torch's thread count, as the sandbox gives candidates), checked against `patterns.reference`
+(per-dtype tolerance) and wall-clock timed against eager, alternating kernel and eager call by
+call. A 2-core VM is noisy: each case is timed `--repeats` times; the table shows the median of
+the per-repeat medians with their spread (min..max), and the median per-repeat speedup.
 Speed targets live here, not in the tests.
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
+import ctypes
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads the OpenMP runtime
 
 import torch  # noqa: E402
 
-from kforge_tui.sandbox.pool import EvaluatorPool  # noqa: E402
+from kforge_tui.regions import patterns  # noqa: E402
 from kforge_tui.search.families import families_for  # noqa: E402
-from kforge_tui.workload import catalogue  # noqa: E402
+from shape_sweep import make_task as _meta_task  # noqa: E402
 
 TD = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TOL = {"float32": (1e-4, 1e-5), "float16": (2e-3, 1e-3), "bfloat16": (1.6e-2, 8e-3)}
 
 # (label, op, shape, params): the sample models' shapes the cpu families were measured at.
 CASES = [
@@ -47,33 +51,48 @@ CASES = [
 
 
 def make_task(op: str, shape, dtype: str, params: dict):
-    """A cpu Task built from live tensors, as capture builds it."""
-    dt, params = TD[dtype], dict(params)
-    if op == "silu_mul":
-        rows, cols = shape
-        whole = torch.randn(rows, 2 * cols, dtype=dt)
-        a, b = whole[:, :cols], whole[:, cols:]
-        return catalogue.make_task(op, {"a": a, "b": b}, params, torch.empty(rows, cols, dtype=dt), "cpu")
-    inputs = {"x": torch.randn(shape, dtype=dt)}
-    out_shape = shape
-    if op == "layer_norm":
-        params.update(normalized_shape=[shape[-1]], eps=1e-5)
-        inputs.update(weight=torch.randn(shape[-1], dtype=dt), bias=torch.randn(shape[-1], dtype=dt))
-    elif op == "group_norm":
-        params.setdefault("eps", 1e-5)
-        inputs.update(weight=torch.randn(shape[1], dtype=dt), bias=torch.randn(shape[1], dtype=dt))
-    elif op == "adaptive_avg_pool2d":
-        out_shape = tuple(shape[:-2]) + tuple(params["output_size"])
-    return catalogue.make_task(op, inputs, params, torch.empty(out_shape, dtype=dt), "cpu")
+    """The cpu pattern task at `shape` (silu_mul: a, b the halves of one [rows, 2*cols] tensor)."""
+    return _meta_task(op, shape, dtype, "cpu", **dict(params))
+
+
+def inputs_for(task, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    out, whole = {}, None
+    for m in task.inputs:
+        if not m.present:
+            out[m.name] = None
+        elif task.op == "silu_mul":
+            if whole is None:
+                whole = (torch.randn(m.shape[0], 2 * m.shape[1], generator=g) * 3).to(TD[m.dtype])
+            out[m.name] = whole[:, : m.shape[1]] if m.name == "a" else whole[:, m.shape[1]:]
+        else:
+            out[m.name] = (torch.randn(m.shape, generator=g) * 2 + 0.3).to(TD[m.dtype])
+    return out
+
+
+def build(src: str, work: Path, name: str) -> tuple[str | None, str]:
+    cpp, so = work / f"{name}.cpp", work / f"{name}.so"
+    cpp.write_text(src)
+    r = subprocess.run(["g++", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", str(cpp),
+                        "-o", str(so)], capture_output=True, text=True)
+    return (str(so) if r.returncode == 0 else None), r.stderr[-800:]
+
+
+def check(out, ref) -> str | None:
+    rtol, atol = TOL[str(ref.dtype).replace("torch.", "")]
+    e, g = ref.float(), out.float()
+    bad = ~((g == e) | ((g - e).abs() <= atol * float(e.abs().max()) + rtol * e.abs()))
+    return None if not bool(bad.any()) else f"{int(bad.sum())}/{e.numel()} wrong"
 
 
 def _spread(xs: list[float]) -> str:
     return f"{min(xs):.0f}..{max(xs):.0f}"
 
 
-async def main() -> int:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=30, help="kernel and eager calls per repeat (alternating)")
     ap.add_argument("--dtype", choices=tuple(TD), default="float32")
     ap.add_argument("--only", default="", help="comma-separated case labels")
     ap.add_argument("--all-points", action="store_true",
@@ -81,9 +100,8 @@ async def main() -> int:
     args = ap.parse_args()
     only = {s for s in args.only.split(",") if s}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, dtype {args.dtype}, "
-          f"{args.repeats} repeats; times in us (median of per-repeat medians, min..max)")
-    # Points to time, in table order: (label, shape, task, family, params).
-    points = []
+          f"{args.repeats} repeats x {args.calls} calls; times in us (median of per-repeat medians, min..max)")
+    points = []  # (label, shape, task, family, params)
     for label, op, shape, params in CASES:
         if only and label not in only:
             continue
@@ -94,34 +112,45 @@ async def main() -> int:
                 for k, vals in fam.space.items():
                     pts += [{**pts[0], k: v} for v in vals if v != pts[0][k]]
             points += [(label, list(shape), task, fam, p) for p in pts if fam.valid(task, p)]
-    res: dict[int, tuple[list, list, list]] = {i: ([], [], []) for i in range(len(points))}
-    failed = set()
+    rows, failed = [], 0
     with tempfile.TemporaryDirectory() as tmp:
-        for rep in range(args.repeats):
-            # A fresh worker each repeat: the worker times eager once per task, so a new one
-            # re-times it right next to the kernels (the compile cache is kept).
-            pool = EvaluatorPool("cpu", cache_dir=Path(tmp) / "cache")
-            try:
-                prepared = set()
-                for i, (label, shape, task, fam, p) in enumerate(points):
-                    if i in failed:
-                        continue
-                    tj = task.to_json()
-                    if task.task_id not in prepared:
-                        await pool.baseline(tj, tmp)
-                        prepared.add(task.task_id)
-                    r = await pool.evaluate(tj, tmp, fam.render(task, p))
-                    if not r.ok:
-                        print(f"FAILED {label} {fam.name} {p}: {r.status}: {r.message}")
-                        failed.add(i)
-                        continue
-                    for lst, v in zip(res[i], (r.timing.median_us, r.baseline.median_us, r.speedup)):
-                        lst.append(v)
-            finally:
-                await pool.close()
-            print(f"repeat {rep + 1}/{args.repeats} done", flush=True)
-    rows = [(label, shape, fam.name, " ".join(f"{k}={v}" for k, v in p.items()), *res[i])
-            for i, (label, shape, task, fam, p) in enumerate(points) if i not in failed and res[i][0]]
+        for i, (label, shape, task, fam, p) in enumerate(points):
+            so, log = build(fam.render(task, p), Path(tmp), f"k{i}")
+            if so is None:
+                print(f"FAILED {label} {fam.name} {p}: compile: {log}")
+                failed += 1
+                continue
+            fn = getattr(ctypes.CDLL(so), patterns.ENTRY)
+            fn.restype = ctypes.c_int
+            sig = patterns.signature(task)
+            fn.argtypes = sig.argtypes()
+            inp = inputs_for(task)
+            ref = patterns.reference(task, inp)
+            y = torch.empty_like(ref)
+            args_ = sig.call_args(inp, y, patterns.scalar_args(task))
+            rc = fn(*args_)
+            err = f"rc={rc}" if rc else check(y, ref)
+            if err:
+                print(f"FAILED {label} {fam.name} {p}: {err}")
+                failed += 1
+                continue
+            ours, eager, sp = [], [], []
+            for _ in range(args.repeats):
+                tk, te = [], []
+                for _ in range(args.calls):
+                    t0 = time.perf_counter()
+                    fn(*args_)
+                    t1 = time.perf_counter()
+                    patterns.reference(task, inp)
+                    t2 = time.perf_counter()
+                    tk.append((t1 - t0) * 1e6)
+                    te.append((t2 - t1) * 1e6)
+                ours.append(statistics.median(tk))
+                eager.append(statistics.median(te))
+                sp.append(eager[-1] / ours[-1])
+            rows.append((label, shape, fam.name, " ".join(f"{k}={v}" for k, v in p.items()), ours, eager, sp))
+            print(f"  {label} {fam.name} {p}: {statistics.median(ours):.1f} us vs eager {statistics.median(eager):.1f}",
+                  flush=True)
     print()
     print("| case | shape | family | point | kernel us | eager us | speedup (min..max) |")
     print("|---|---|---|---|---|---|---|")
@@ -133,4 +162,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    sys.exit(main())

@@ -1,15 +1,16 @@
-"""Kernel families: every family renders, passes the static check and compiles with the real
-compilers; cpu families are run against the catalogue reference in a child process.
+"""Kernel families: every family renders, passes the static check (on the source the sandbox
+sees: the render adapted to the region entry point) and compiles with the real compilers; cpu
+families are run against the pattern reference (`regions.patterns`) in a child process.
 
 The default run compiles one representative task per (family, op) and runs every cpu family on
 every dtype; the full family x op x dtype matrix (and a few non-default parameter points) is
-`slow`. Compiles run in parallel threads (each one a compiler subprocess).
+`slow`. CUDA sources are compiled several to a translation unit (tests/families_util.py).
+Extreme shapes (1 row, 10^6 rows, 16 rows of 4*10^6, odd sizes) are tests/test_families_shapes.py.
 """
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,45 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from kforge_tui.search.families import Family, all_families, families_for
-from kforge_tui.workload import catalogue
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.path.exists("/usr/local/bin/nvcc") else None)
-GXX = shutil.which("g++")
-DTYPES = ("float32", "float16", "bfloat16")
-TD = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+from families_util import (DTYPES, GXX, NVCC, TD, compile_cuda_batches, compile_one,  # noqa: E402
+                           failures, make, run_cpu_many, static_problems)
 
-
-def make(op: str, shape, dtype: str, backend: str, out_dtype: str | None = None, **params):
-    """A Task built the way capture builds it (from live tensors)."""
-    dt = TD[dtype]
-    if op == "silu_mul":
-        rows, cols = shape
-        whole = torch.empty(rows, 2 * cols, dtype=dt)
-        a, b = whole[:, :cols], whole[:, cols:]
-        return catalogue.make_task(op, {"a": a, "b": b}, params, torch.empty(rows, cols, dtype=dt), backend)
-    x = torch.empty(shape, dtype=dt)
-    inputs = {"x": x}
-    if op == "layer_norm":
-        n = shape[-1]
-        params.setdefault("normalized_shape", [n])
-        params.setdefault("eps", 1e-5)
-        inputs["weight"] = torch.empty(n, dtype=dt)
-        inputs["bias"] = None if params.pop("no_bias", False) else torch.empty(n, dtype=dt)
-    elif op == "rms_norm":
-        n = shape[-1]
-        params.setdefault("normalized_shape", [n])
-        params.setdefault("eps", 1e-6)
-        inputs["weight"] = None if params.pop("no_weight", False) else torch.empty(n, dtype=dt)
-    elif op == "group_norm":
-        params.setdefault("eps", 1e-5)
-        inputs["weight"] = torch.empty(shape[1], dtype=dt)
-        inputs["bias"] = torch.empty(shape[1], dtype=dt)
-    if op == "adaptive_avg_pool2d":
-        out = torch.empty(shape[:-2] + tuple(params["output_size"]), dtype=dt)
-    else:
-        out = torch.empty(shape, dtype=TD[out_dtype or dtype])
-    return catalogue.make_task(op, inputs, params, out, backend)
+from kforge_tui.regions import patterns  # noqa: E402
+from kforge_tui.search.families import Family, all_families, families_for  # noqa: E402
 
 
 def cases(backend: str, dtype: str) -> list:
@@ -91,39 +60,26 @@ def points(task) -> list[tuple[Family, dict]]:
     return [(f, f.default(task)) for f in families_for(task)]
 
 
-def compile_source(src: str, backend: str, workdir: Path, name: str) -> tuple[int, str, Path]:
-    ext = ".cu" if backend == "cuda" else ".cpp"
-    path = workdir / f"{name}{ext}"
-    path.write_text(src)
-    so = workdir / f"{name}.so"
-    if backend == "cuda":
-        cmd = [NVCC, "-arch=sm_90", "-O3", "-shared", "-Xcompiler", "-fPIC", str(path), "-o", str(so)]
-    else:
-        cmd = [GXX, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(path), "-o", str(so)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    return r.returncode, r.stderr[-3000:], so
-
-
 def static_ok(src: str, task) -> str | None:
-    from kforge_tui.sandbox.static import check_source
-
-    rep = check_source(src, catalogue.signature(task))
-    return None if rep.ok else "; ".join(d.text() for d in rep.diagnostics)
+    return static_problems(task, src)
 
 
-def compile_many(jobs, workdir: Path, threads: int = 2):
-    """jobs: [(label, task, family, params)] -> list of failure strings (empty = all good)."""
-    def one(i_job):
-        i, (label, task, fam, params) = i_job
+def compile_many(jobs, workdir: Path, threads: int | None = None):
+    """jobs: [(label, task, family, params)] -> failure strings (empty = all good). The static
+    check runs on every source; cuda sources compile in batches, cpu sources one by one."""
+    fails, cuda = [], []
+    for label, task, fam, params in jobs:
         src = fam.render(task, params)
         err = static_ok(src, task)
         if err:
-            return f"{label}: static check: {err}"
-        rc, log, _ = compile_source(src, task.backend, workdir, f"k{i}")
-        return None if rc == 0 else f"{label}: compile failed:\n{log}"
-
-    with ThreadPoolExecutor(threads) as ex:
-        return [r for r in ex.map(one, enumerate(jobs)) if r]
+            fails.append(f"{label}: static check: {err}")
+        elif task.backend == "cuda":
+            cuda.append((label, src))
+        else:
+            rc, log, _ = compile_one(src, "cpu", workdir, f"c{len(fails)}_{abs(hash(label))}")
+            if rc:
+                fails.append(f"{label}: compile failed:\n{log}")
+    return fails + compile_cuda_batches(cuda, workdir, threads=threads)
 
 
 # ---------------------------------------------------------------- registry / coverage
@@ -157,7 +113,7 @@ def test_rendered_source_has_the_exact_entry_point_and_no_forbidden_words():
         for task in cases(backend, "bfloat16"):
             for fam, p in points(task):
                 src = fam.render(task, p)
-                sig = catalogue.signature(task)
+                sig = patterns.signature(task)
                 assert src.startswith(sig.prelude())
                 assert src.count(sig.declaration() + " {") == 1
                 for bad in ("static ", "cudaMalloc(", "torch/", "cudaStreamCreate", "std::thread"):
@@ -202,7 +158,7 @@ def test_cuda_families_compile_full_matrix(tmp_path):
         for task in cases("cuda", dtype):
             for fam, p in points(task):
                 key = (fam.name, fam.ops, task.op, task.params.get("approximate"), dtype, task.output.dtype,
-                       catalogue.scalar_args(task).get("inner", 1) > 1)
+                       patterns.scalar_args(task).get("inner", 1) > 1)
                 if key not in seen:
                     seen.add(key)
                     jobs.append((f"{fam.name}/{task.task_id}", task, fam, p))
@@ -211,69 +167,6 @@ def test_cuda_families_compile_full_matrix(tmp_path):
 
 
 # ---------------------------------------------------------------- cpu correctness (child process)
-
-_CHILD = textwrap.dedent(r'''
-    # Runs candidate libraries in a throwaway process: a crash here cannot take pytest down.
-    import ctypes, json, sys, torch
-    from kforge_tui.task import Task
-    from kforge_tui.workload import catalogue
-    from kforge_tui.sandbox.verify import tolerance
-    TD = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    for line in sys.stdin:
-        spec = json.loads(line)
-        task = Task.from_json(spec["task"])
-        fn = getattr(ctypes.CDLL(spec["so"]), catalogue.ENTRY)
-        fn.restype = ctypes.c_int
-        sig = catalogue.signature(task)
-        fn.argtypes = sig.argtypes()
-        sizes = catalogue.scalar_args(task)
-        out = []
-        for seed in range(spec["trials"]):
-            g = torch.Generator().manual_seed(seed)
-            inputs, whole = {}, None
-            for m in task.inputs:
-                if not m.present:
-                    inputs[m.name] = None
-                elif task.op == "silu_mul":
-                    if whole is None:
-                        whole = (torch.randn(m.shape[0], 2 * m.shape[1], generator=g) * 3).to(TD[m.dtype])
-                    inputs[m.name] = whole[:, : m.shape[1]] if m.name == "a" else whole[:, m.shape[1]:]
-                else:
-                    t = torch.randn(m.shape, generator=g) * 2 + (0.5 if m.name == "x" else 1.0)
-                    inputs[m.name] = t.to(TD[m.dtype])
-            before = {k: (v.clone() if v is not None else None) for k, v in inputs.items()}
-            ref = catalogue.reference(task, inputs)
-            y = torch.full(task.output.shape, float("nan"), dtype=TD[task.output.dtype])
-            rc = fn(*sig.call_args(inputs, y, sizes))
-            rtol, atol = tolerance(task.output.dtype)
-            e, gq = ref.float(), y.float()
-            scale = e.abs().max().item() if e.numel() else 1.0
-            diff = (gq - e).abs()
-            bad = ~((gq == e) | (diff <= atol * scale + rtol * e.abs()))
-            changed = any(v is not None and not torch.equal(v, before[k]) for k, v in inputs.items())
-            out.append({"rc": rc, "bad": int(bad.sum()), "max_abs": float(diff.nan_to_num(1e30).max()),
-                        "changed": changed})
-        print(json.dumps({"label": spec["label"], "results": out}), flush=True)
-''')
-
-
-def run_cpu_many(jobs, workdir: Path, trials: int = 2) -> dict[str, list[dict]]:
-    """jobs: [(label, task, source)]. Compile in parallel, run all in one child process."""
-    def build(i_job):
-        i, (label, task, src) = i_job
-        rc, log, so = compile_source(src, "cpu", workdir, f"c{i}")
-        assert rc == 0, f"{label}: {log}"
-        return json.dumps({"label": label, "task": task.to_json(), "so": str(so), "trials": trials})
-
-    with ThreadPoolExecutor(2) as ex:
-        specs = list(ex.map(build, enumerate(jobs)))
-    r = subprocess.run([sys.executable, "-c", _CHILD], input="\n".join(specs) + "\n", capture_output=True,
-                       text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "2"})
-    done = [json.loads(x) for x in r.stdout.strip().splitlines() if x.startswith("{")]
-    if r.returncode != 0:
-        nxt = jobs[len(done)][0] if len(done) < len(jobs) else "?"
-        raise AssertionError(f"child died ({r.returncode}) running {nxt}: {r.stderr[-2000:]}")
-    return {d["label"]: d["results"] for d in done}
 
 
 def run_cpu(task, src: str, workdir: Path, name: str, trials: int = 2) -> list[dict]:
@@ -294,7 +187,7 @@ def _check_cpu_dtype(dtype: str, tmp_path: Path, extra_points: bool = False):
                             break
     res = run_cpu_many(jobs, tmp_path)
     assert len(res) == len(jobs)
-    fails = [f"{label}: {r}" for label, rs in res.items() for r in rs if r["rc"] != 0 or r["bad"] or r["changed"]]
+    fails = failures(res)
     assert not fails, "\n".join(fails)
 
 
@@ -335,7 +228,7 @@ def test_cpu_half_conversions_are_exact(tmp_path):
               for (int64_t i = 0; i < n; ++i) { f[i] = kf_in(in[i]); back[i] = kf_round(f[i]); rounded[i] = kf_round(src[i]); }
             }
         ''')
-        rc, log, so = compile_source(src, "cpu", tmp_path, f"conv_{dtype}")
+        rc, log, so = compile_one(src, "cpu", tmp_path, f"conv_{dtype}")
         assert rc == 0, log
         out.append((dtype, so))
     del task
@@ -425,8 +318,10 @@ def test_output_packs_are_stored_as_one_vector_access(tmp_path):
     gn16 = make("group_norm", (1, 64, 64, 64), "bfloat16", "cuda", groups=8)
     sx = make("softmax", (4, 65536), "float32", "cuda", dim=-1)
     ln = make("layer_norm", (64, 4096), "bfloat16", "cuda")
+    long_ln = make("layer_norm", (16, 1_048_576), "bfloat16", "cuda")
+    sm_short = make("silu_mul", (100_000, 16), "bfloat16", "cuda")
     want = [(sm, "rows_vec"), (gn32, "cluster_group"), (gn16, "cluster_group"), (sx, "block_row"),
-            (ln, "block_row")]
+            (ln, "block_row"), (sx, "coop_row"), (long_ln, "coop_row"), (sm_short, "flat_vec")]
 
     def ptx(k):
         task, name = want[k]

@@ -22,8 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from kforge_tui.regions.meta import TensorMeta
+from kforge_tui.regions.patterns import OpTask
 from kforge_tui.search.families._common import cpu_head
-from kforge_tui.workload import catalogue
 
 GXX = shutil.which("g++")
 MAX_ULP = 2
@@ -35,24 +36,23 @@ VARIANTS = {
 pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not installed")
 
 
-def _task(dtype: str):
-    x = torch.empty(64, dtype={"float32": torch.float32, "float16": torch.float16,
-                               "bfloat16": torch.bfloat16}[dtype])
-    return catalogue.make_task("relu", {"x": x}, {}, torch.empty_like(x), "cpu")
+def _task(dtype: str) -> OpTask:
+    x = TensorMeta("x", (64,), dtype)
+    return OpTask(op="relu", dtype=dtype, inputs=(x,), output=TensorMeta("y", (64,), dtype), backend="cpu")
 
 
 _HARNESS = textwrap.dedent(r'''
-    extern "C" int kf_width() { return KF_W; }
-    // n must be a multiple of KF_W: only the vector helpers run.
+    extern "C" int kf_width() { return SIMD_W; }
+    // n must be a multiple of SIMD_W: only the vector helpers run.
     extern "C" void kf_t_vexp(const float* x, float* y, int64_t n) {
-      for (int64_t i = 0; i < n; i += KF_W) kf_vst_f32(y + i, kf_vexp(kf_vld_f32(x + i)));
+      for (int64_t i = 0; i < n; i += SIMD_W) kf_vst_f32(y + i, kf_vexp(kf_vld_f32(x + i)));
     }
     extern "C" void kf_t_exp(const float* x, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = kf_exp(x[i]); }
     extern "C" void kf_t_verf(const float* x, float* y, int64_t n) {
-      for (int64_t i = 0; i < n; i += KF_W) kf_vst_f32(y + i, kf_verf(kf_vld_f32(x + i)));
+      for (int64_t i = 0; i < n; i += SIMD_W) kf_vst_f32(y + i, kf_verf(kf_vld_f32(x + i)));
     }
-    extern "C" void kf_t_vin(const TI* x, float* y, int64_t n) { for (int64_t i = 0; i < n; i += KF_W) kf_vst_f32(y + i, kf_vin(x + i)); }
-    extern "C" void kf_t_vout(const float* x, TO* y, int64_t n) { for (int64_t i = 0; i < n; i += KF_W) kf_vout(y + i, kf_vld_f32(x + i)); }
+    extern "C" void kf_t_vin(const TI* x, float* y, int64_t n) { for (int64_t i = 0; i < n; i += SIMD_W) kf_vst_f32(y + i, kf_vin(x + i)); }
+    extern "C" void kf_t_vout(const float* x, TO* y, int64_t n) { for (int64_t i = 0; i < n; i += SIMD_W) kf_vout(y + i, kf_vld_f32(x + i)); }
 ''')
 
 

@@ -4,7 +4,7 @@ A family is one kernel *design* (block per row, warp per row, split row, two-pha
 reduction, ...) for some ops on one backend, with a small discrete parameter space (threads,
 vector width, rows per block, ...). The built-in proposer moves through these spaces with MCTS
 on real measurements; nothing here knows any benchmark shape. Every render is one
-self-contained source file that exports exactly `catalogue.signature(task).declaration()`.
+self-contained source file that exports exactly `patterns.signature(task).declaration()`.
 
 Families use the task's shape at render time only for *compile-time sizing* (how many register
 items a thread caches); every launcher checks the runtime sizes and alignment and falls back to
@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kforge_tui.task import Task
+from kforge_tui.regions.patterns import OpTask
 
 
 @dataclass(frozen=True)
@@ -26,12 +26,12 @@ class Family:
     ops: tuple[str, ...]
     backend: str
     space: dict[str, tuple]  # parameter -> allowed values, in increasing "size" order
-    _default: Callable[[Task], dict] = field(repr=False, compare=False)
-    _valid: Callable[[Task, dict], bool] = field(repr=False, compare=False)
-    _render: Callable[[Task, dict], str] = field(repr=False, compare=False)
+    _default: Callable[[OpTask], dict] = field(repr=False, compare=False)
+    _valid: Callable[[OpTask, dict], bool] = field(repr=False, compare=False)
+    _render: Callable[[OpTask, dict], str] = field(repr=False, compare=False)
     doc: str = ""
 
-    def applies(self, task: Task) -> bool:
+    def applies(self, task: OpTask) -> bool:
         """Whether this family can serve the task at all (its default point is valid)."""
         if task.op not in self.ops or task.backend != self.backend:
             return False
@@ -40,11 +40,11 @@ class Family:
         except (KeyError, ValueError, ZeroDivisionError, TypeError):
             return False
 
-    def default(self, task: Task) -> dict:
+    def default(self, task: OpTask) -> dict:
         """A sensible starting point for this task's shape and dtype."""
         return dict(self._default(task))
 
-    def valid(self, task: Task, params: dict) -> bool:
+    def valid(self, task: OpTask, params: dict) -> bool:
         """Every parameter present and allowed, and the family's own shape/resource rules hold."""
         if set(params) != set(self.space):
             return False
@@ -52,7 +52,7 @@ class Family:
             return False
         return bool(self._valid(task, params))
 
-    def render(self, task: Task, params: dict) -> str:
+    def render(self, task: OpTask, params: dict) -> str:
         if not self.valid(task, params):
             raise ValueError(f"{self.name}: invalid parameters {params} for {task.task_id}")
         return self._render(task, params)
@@ -71,16 +71,18 @@ def all_families() -> list[Family]:
     return list(_REGISTRY)
 
 
-def families_for(task: Task) -> list[Family]:
+def families_for(task: OpTask) -> list[Family]:
     """The families that can serve this task (by op, backend and shape), in registry order."""
     return [f for f in all_families() if f.applies(task)]
 
 
-def get_family(name: str, backend: str) -> Family:
+def get_family(name: str, backend: str, op: str | None = None) -> Family:
+    """The family called `name` on `backend` (a name such as block_row exists for several ops:
+    pass `op` to pick the one that serves it)."""
     for f in all_families():
-        if f.name == name and f.backend == backend:
+        if f.name == name and f.backend == backend and (op is None or op in f.ops):
             return f
-    raise KeyError(f"no kernel family {name!r} for backend {backend!r}")
+    raise KeyError(f"no kernel family {name!r} for backend {backend!r}" + (f" and op {op!r}" if op else ""))
 
 
 _loaded = False

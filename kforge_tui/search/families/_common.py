@@ -6,8 +6,8 @@ candidates must not hold mutable state between calls.
 """
 from __future__ import annotations
 
-from kforge_tui.task import Task
-from kforge_tui.workload import catalogue
+from kforge_tui.regions.patterns import OpTask
+from kforge_tui.regions import patterns
 
 ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -22,6 +22,26 @@ def fill(src: str, **kw) -> str:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+# On-chip room for kept sweeps (split-row designs that hold their chunk in shared memory): an
+# sm_90 block may have 227 KB of dynamic shared memory; 1 KB stays free for static shared memory.
+MAX_KEEP_KB = 226
+KEEP_KB = (0, 32, 64, 96, 128, 160, 192, 224)
+
+
+def keep_sweeps(dtype: str, p: dict) -> int:
+    """Sweeps (threads x vec elements) of a CTA's chunk that `keep` KB of shared memory hold."""
+    return p["keep"] * 1024 // (p["threads"] * p["vec"] * ELEM_BYTES[dtype])
+
+
+def keep_for(dtype: str, chunk_elems: int, cap_kb: int) -> int:
+    """The smallest `keep` value (KB) holding a chunk of `chunk_elems`, else `cap_kb`."""
+    need = cdiv(chunk_elems * ELEM_BYTES[dtype], 1024)
+    for kb in KEEP_KB[1:]:
+        if need <= kb <= cap_kb:
+            return kb
+    return cap_kb
 
 
 def pow2_at_most(x: int, choices) -> int:
@@ -189,14 +209,69 @@ inline int kf_launch_cluster(void (*kernel)(P...), int64_t blocks, int threads, 
   cfg.numAttrs = 1;
   return (int)cudaLaunchKernelEx(&cfg, kernel, args...);
 }
+// CTAs of `kernel` (`threads` threads, `smem` bytes of dynamic shared memory) that are resident at
+// once on the current device, i.e. the largest cooperative grid; 0 when the device cannot launch
+// cooperatively or the kernel does not fit. Opts the kernel in to `smem` above 48 KB first.
+template <typename... P>
+inline int64_t kf_coop_capacity(void (*kernel)(P...), int threads, size_t smem) {
+  if (smem > 48 * 1024 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  int dev = 0, sms = 0, coop = 0, occ = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) { cudaGetLastError(); return 0; }
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, threads, smem) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return coop ? (int64_t)sms * occ : 0;
+}
+// Launch `kernel` as a cooperative grid of `blocks` CTAs (at most kf_coop_capacity): every CTA
+// is resident at once, so grid-wide barriers (cooperative_groups::this_grid().sync()) are safe.
+template <typename... P, typename... A>
+inline int kf_launch_coop(void (*kernel)(P...), int64_t blocks, int threads, size_t smem, cudaStream_t stream,
+                          A... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)blocks, 1, 1);
+  cfg.blockDim = dim3((unsigned)threads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return (int)cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+"""
+
+# Cooperative split-row design, shared by softmax and the norms (cuda): how a row of n elements
+# is cut into C chunks, one CTA each, for a co-resident grid of at most `cap` CTAs.
+CUDA_COOP_SPLIT = r"""
+// Chunks per row so that rows x chunks CTAs are co-resident (<= cap) and every chunk holds at
+// least one sweep of `step` elements; chunk lengths are multiples of `vec`. Returns the chunk
+// length and sets *C; 0 when the rows alone exceed the capacity (the caller falls back).
+inline int64_t kf_coop_chunks(int64_t rows, int64_t n, int64_t cap, int64_t step, int64_t vec, int64_t* C) {
+  if (rows <= 0 || cap < rows) return 0;
+  int64_t c = cap / rows;
+  const int64_t sweeps = (n + step - 1) / step;
+  if (c > sweeps) c = sweeps;
+  if (c < 1) c = 1;
+  int64_t chunk = ((n + c - 1) / c + vec - 1) / vec * vec;
+  *C = (n + chunk - 1) / chunk;
+  return chunk;
+}
 """
 
 
-def cuda_head(task: Task, in_dtype: str | None = None, out_dtype: str | None = None) -> str:
-    sig = catalogue.signature(task, "cuda")
+def cuda_head(task: OpTask, in_dtype: str | None = None, out_dtype: str | None = None) -> str:
+    sig = patterns.signature(task, "cuda")
     return sig.prelude() + fill(_CUDA_HELPERS,
-                                TI=catalogue.CUDA_CTYPE[in_dtype or task.dtype],
-                                TO=catalogue.CUDA_CTYPE[out_dtype or task.output.dtype])
+                                TI=patterns.CUDA_CTYPE[in_dtype or task.dtype],
+                                TO=patterns.CUDA_CTYPE[out_dtype or task.output.dtype])
 
 
 # ------------------------------------------------------------------------------- CPU
@@ -264,12 +339,12 @@ inline float kf_exp_libm(float x) { return expf(x); }
 
 _CPU_SIMD = r"""
 // ---- explicit SIMD (why: g++ 12 leaves the polynomial exp and the half/bf16 conversions
-// scalar, "no vectype for stmt"). kf_v holds KF_W floats: AVX-512 (16), AVX2+FMA (8) or a
+// scalar, "no vectype for stmt"). kf_v holds SIMD_W floats: AVX-512 (16), AVX2+FMA (8) or a
 // plain float (1), chosen by what -march=native enables. Loops run whole vectors and finish
 // the tail with the scalar helpers above, which compute the same functions.
 #if defined(__AVX512F__)
 #include <immintrin.h>
-#define KF_W 16
+#define SIMD_W 16
 typedef __m512 kf_v;
 inline kf_v kf_vset(float a) { return _mm512_set1_ps(a); }
 inline kf_v kf_vadd(kf_v a, kf_v b) { return _mm512_add_ps(a, b); }
@@ -308,7 +383,7 @@ inline void kf_vst_f16(uint16_t* p, kf_v v) {
 }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
-#define KF_W 8
+#define SIMD_W 8
 typedef __m256 kf_v;
 inline kf_v kf_vset(float a) { return _mm256_set1_ps(a); }
 inline kf_v kf_vadd(kf_v a, kf_v b) { return _mm256_add_ps(a, b); }
@@ -363,7 +438,7 @@ inline void kf_vst_f16(uint16_t* p, kf_v v) {
   _mm_storeu_si128((__m128i*)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 #else
-#define KF_W 1
+#define SIMD_W 1
 typedef float kf_v;
 inline kf_v kf_vset(float a) { return a; }
 inline kf_v kf_vadd(kf_v a, kf_v b) { return a + b; }
@@ -427,7 +502,7 @@ inline kf_v kf_verf(kf_v x) {
 inline kf_v kf_vin(const TI* p) { return @VIN@(p); }
 inline void kf_vout(TO* p, kf_v v) { @VOUT@(p, v); }
 // Round to the input dtype and back (what a two-op PyTorch reference does between its ops).
-inline kf_v kf_vround(kf_v v) { TI t[KF_W]; @VROUND@(t, v); return @VIN@(t); }
+inline kf_v kf_vround(kf_v v) { TI t[SIMD_W]; @VROUND@(t, v); return @VIN@(t); }
 // Scalar erf with the same formula, for the tails of vector loops.
 inline float kf_erf_as(float x) {
   const float a = fabsf(x), t = 1.0f / (1.0f + 0.3275911f * a);
@@ -443,14 +518,14 @@ _CONV_IN = {"float32": "v", "bfloat16": "kf_bf2f(v)", "float16": "kf_h2f(v)"}
 _CONV_OUT = {"float32": "v", "bfloat16": "kf_f2bf(v)", "float16": "kf_f2h(v)"}
 
 
-def cpu_head(task: Task, in_dtype: str | None = None, out_dtype: str | None = None) -> str:
+def cpu_head(task: OpTask, in_dtype: str | None = None, out_dtype: str | None = None) -> str:
     ti, to = in_dtype or task.dtype, out_dtype or task.output.dtype
-    sig = catalogue.signature(task, "cpu")
-    return sig.prelude() + fill(_CPU_HELPERS + _CPU_SIMD, TI=catalogue.CPU_CTYPE[ti],
-                                TO=catalogue.CPU_CTYPE[to], CONV_IN=_CONV_IN[ti], CONV_OUT=_CONV_OUT[to],
+    sig = patterns.signature(task, "cpu")
+    return sig.prelude() + fill(_CPU_HELPERS + _CPU_SIMD, TI=patterns.CPU_CTYPE[ti],
+                                TO=patterns.CPU_CTYPE[to], CONV_IN=_CONV_IN[ti], CONV_OUT=_CONV_OUT[to],
                                 CONV_ROUND=_CONV_OUT[ti], VIN=_VIN[ti], VOUT=_VOUT[to], VROUND=_VOUT[ti])
 
 
-def entry(task: Task, backend: str, body: str) -> str:
-    """The exported entry point: the catalogue's exact declaration around `body`."""
-    return catalogue.signature(task, backend).declaration() + " {\n" + body.strip("\n") + "\n}\n"
+def entry(task: OpTask, backend: str, body: str) -> str:
+    """The pattern entry point: its exact declaration (regions/patterns.py) around `body`."""
+    return patterns.signature(task, backend).declaration() + " {\n" + body.strip("\n") + "\n}\n"

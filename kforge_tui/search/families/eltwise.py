@@ -4,8 +4,10 @@ All compute in f32 and round once, as PyTorch does for half types; silu(a) * b r
 to the input dtype first, because that is what the two-op PyTorch reference does.
 
 cuda:
-  vec_grid  one (or `unroll`) 16-byte packs per thread over the flat tensor, scalar tail kernel.
+  vec_grid  one (or `unroll`) 16-byte packs per thread over the flat tensor, the tail in the
+            same launch (tiny tensors: one launch); flat or persistent grid.
   rows_vec  silu_mul over [rows, cols] with row strides (a, b may be halves of one tensor).
+  flat_vec  silu_mul over the flattened (row, column pack) index: short rows keep blocks busy.
 cpu:
   flat_omp / rows_omp  `omp parallel for simd`, polynomial exp so the loop vectorises.
 """
@@ -15,13 +17,13 @@ from dataclasses import replace
 
 from kforge_tui.search.families import Family, register
 from kforge_tui.search.families._common import ELEM_BYTES, cpu_head, cuda_head, entry, fill
-from kforge_tui.task import Task
-from kforge_tui.workload import catalogue
+from kforge_tui.regions.patterns import OpTask
+from kforge_tui.regions import patterns
 
 FLAT_OPS = ("gelu", "silu", "relu")
 
 
-def _fn_cuda(task: Task, fast: bool = False) -> str:
+def _fn_cuda(task: OpTask, fast: bool = False) -> str:
     """`kf_op(float) -> float` for the task's op (device code). `fast`: the exponential and the
     division as the hardware approximations (ex2.approx, rcp.approx: ~2 ulp), as Triton and so
     torch.compile emit them; IEEE expf / division cost ~20 instructions per element, a third of
@@ -40,7 +42,7 @@ def _fn_cuda(task: Task, fast: bool = False) -> str:
     return f"__device__ __forceinline__ float kf_op(float v) {{ {body} }}\n"
 
 
-def _fn_cpu(task: Task, exp: str) -> str:
+def _fn_cpu(task: OpTask, exp: str) -> str:
     if task.op == "relu":
         body = "return v < 0.f ? 0.f : v;"
     elif task.op == "gelu" and task.params.get("approximate", "none") == "tanh":
@@ -52,10 +54,10 @@ def _fn_cpu(task: Task, exp: str) -> str:
     return f"inline float kf_op(float v) {{ {body} }}\n" + _vfn_cpu(task, exp)
 
 
-def _vfn_cpu(task: Task, exp: str) -> str:
+def _vfn_cpu(task: OpTask, exp: str) -> str:
     """`kf_vop(kf_v) -> kf_v` and `kf_sop(float)` (its tail twin); exp=libm keeps scalar kf_op."""
     if exp != "kf_exp" and _uses_exp(task):
-        return "#define KF_ELT_VEC 0\ninline kf_v kf_vop(kf_v v) { return v; }\ninline float kf_sop(float v) { return kf_op(v); }\n"
+        return "#define ELT_VEC 0\ninline kf_v kf_vop(kf_v v) { return v; }\ninline float kf_sop(float v) { return kf_op(v); }\n"
     if task.op == "relu":
         vb, sb = "return kf_vrelu(v);", "return kf_op(v);"
     elif task.op == "gelu" and task.params.get("approximate", "none") == "tanh":
@@ -69,17 +71,17 @@ def _vfn_cpu(task: Task, exp: str) -> str:
     else:
         vb = "return kf_vdiv(v, kf_vadd(kf_vset(1.f), kf_vexp(kf_vsub(kf_vset(0.f), v))));"
         sb = "return kf_op(v);"
-    return (f"#define KF_ELT_VEC 1\ninline kf_v kf_vop(kf_v v) {{ {vb} }}\n"
+    return (f"#define ELT_VEC 1\ninline kf_v kf_vop(kf_v v) {{ {vb} }}\n"
             f"inline float kf_sop(float v) {{ {sb} }}\n")
 
 
-def _default_math(task: Task) -> str:
+def _default_math(task: OpTask) -> str:
     """fast where there is an exp to approximate: on the H200, silu*b bf16 ran 2-7 % faster with it
     (bench/NOTES.md round 4), and its ~2 ulp error is 50x inside the f32 tolerance."""
     return "fast" if _uses_exp(task) else "ieee"
 
 
-def _uses_exp(task: Task) -> bool:
+def _uses_exp(task: OpTask) -> bool:
     return task.op in ("silu", "silu_mul") or (task.op == "gelu" and task.params.get("approximate") == "tanh")
 
 
@@ -103,25 +105,35 @@ template <int HINT, typename T, int V> __device__ __forceinline__ void kf_st_out
 
 _CUDA_FLAT = r"""
 // HINT 1: streaming (evict-first) loads and stores (every byte is touched once); 2: loads that
-// prefetch their 256-byte L2 block.
+// prefetch their 256-byte L2 block. Grid-stride over blocks of THREADS x UNROLL packs (a flat
+// grid has one pass; a persistent one strides); the numel % VEC tail elements are done by
+// block 0 in the same launch (one launch for any size: tiny tensors are launch-bound).
 template <int THREADS, int VEC, int UNROLL, int HINT = 0>
-__global__ void __launch_bounds__(THREADS) kf_elt(const TI* __restrict__ x, TO* __restrict__ y, int64_t npack) {
-  const int64_t i0 = (int64_t)blockIdx.x * THREADS * UNROLL + threadIdx.x;
-  kf_pack<TI, VEC> p[UNROLL];
+__global__ void __launch_bounds__(THREADS) kf_elt(const TI* __restrict__ x, TO* __restrict__ y, int64_t npack,
+                                                 int64_t numel) {
+  constexpr int64_t PER = (int64_t)THREADS * UNROLL;
+  for (int64_t blk = blockIdx.x; blk * PER < npack; blk += gridDim.x) {
+    const int64_t i0 = blk * PER + threadIdx.x;
+    kf_pack<TI, VEC> p[UNROLL];
 #pragma unroll
-  for (int u = 0; u < UNROLL; ++u) {
-    const int64_t i = i0 + (int64_t)u * THREADS;
-    if (i < npack) p[u] = kf_ld<HINT, TI, VEC>(x + i * VEC);
-  }
-#pragma unroll
-  for (int u = 0; u < UNROLL; ++u) {
-    const int64_t i = i0 + (int64_t)u * THREADS;
-    if (i < npack) {
-      float r[VEC];
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) r[j] = kf_op(kf_f(p[u].v[j]));
-      kf_st_out<HINT, TO, VEC>(y + i * VEC, kf_to_pack<TO, VEC>(r));
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t i = i0 + (int64_t)u * THREADS;
+      if (i < npack) p[u] = kf_ld<HINT, TI, VEC>(x + i * VEC);
     }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t i = i0 + (int64_t)u * THREADS;
+      if (i < npack) {
+        float r[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) r[j] = kf_op(kf_f(p[u].v[j]));
+        kf_st_out<HINT, TO, VEC>(y + i * VEC, kf_to_pack<TO, VEC>(r));
+      }
+    }
+  }
+  if (VEC > 1 && blockIdx.x == 0) {
+    const int64_t e = npack * VEC + threadIdx.x;
+    if (e < numel) y[e] = kf_to<TO>(kf_op(kf_f(x[e])));
   }
 }
 """
@@ -131,42 +143,50 @@ _CUDA_FLAT_LAUNCH = r"""
   const bool fast = kf_aligned(x, @VEC@ * sizeof(TI)) && kf_aligned(y, @VEC@ * sizeof(TO));
   const int vec = fast ? @VEC@ : 1;
   const int64_t npack = numel / vec, per = (int64_t)@THREADS@ * @UNROLL@;
-  const int64_t blocks = (npack + per - 1) / per;
-  if (blocks > 2147483647) return -1;
-  if (npack > 0) {
-    if (fast) kf_elt<@THREADS@, @VEC@, @UNROLL@, @HINT@><<<(unsigned)blocks, @THREADS@, 0, stream>>>(x, y, npack);
-    else kf_elt<@THREADS@, 1, @UNROLL@><<<(unsigned)blocks, @THREADS@, 0, stream>>>(x, y, npack);
+  int64_t blocks = (npack + per - 1) / per;
+  if (blocks < 1) blocks = 1;
+  if (@PERSIST@) {  // persistent: a few blocks per SM stride over the tensor
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const int64_t cap = (int64_t)(sms > 0 ? sms : 132) * (2048 / @THREADS@);
+    if (blocks > cap) blocks = cap;
   }
-  const int64_t tail = numel - npack * vec;
-  if (tail > 0) kf_elt<32, 1, 1><<<1, 32, 0, stream>>>(x + npack * vec, y + npack * vec, tail);
+  if (blocks > 2147483647) blocks = 2147483647;  // the kernel strides over the rest
+  if (fast) kf_elt<@THREADS@, @VEC@, @UNROLL@, @HINT@><<<(unsigned)blocks, @THREADS@, 0, stream>>>(x, y, npack, numel);
+  else kf_elt<@THREADS@, 1, @UNROLL@><<<(unsigned)blocks, @THREADS@, 0, stream>>>(x, y, npack, numel);
   return (int)cudaGetLastError();
 """
 
 
-def _flat_default(task: Task) -> dict:
+def _flat_default(task: OpTask) -> dict:
+    """16-byte packs, a flat grid (one pass: on the H200 a persistent grid was 7-11 % slower on
+    1-4 GB tensors, bench/results/shape_sweep), 512 threads from 2^26 elements (1-2 % faster
+    there) else 256; two packs in flight per thread from 8 full waves up (2M f32 elements)."""
     vec = 16 // max(ELEM_BYTES[task.dtype], ELEM_BYTES[task.output.dtype])
     n = task.inputs[0].numel
-    return {"threads": 256, "vec": vec, "unroll": 2 if n >= 256 * vec * 2 * 132 * 8 else 1, "hint": "none",
-            "math": _default_math(task)}
+    return {"threads": 512 if n >= 2**26 else 256, "vec": vec, "unroll": 2 if n >= 256 * vec * 2 * 132 * 8 else 1,
+            "hint": "none", "math": _default_math(task), "grid": "flat"}
 
 
-def _flat_valid(task: Task, p: dict) -> bool:
+def _flat_valid(task: OpTask, p: dict) -> bool:
     return (max(ELEM_BYTES[task.dtype], ELEM_BYTES[task.output.dtype]) * p["vec"] <= 32
             and (p.get("math", "ieee") == "ieee" or _uses_exp(task)))  # relu / erf gelu: nothing to approximate
 
 
-def _flat_render(task: Task, p: dict) -> str:
-    body = fill(_CUDA_FLAT_LAUNCH, THREADS=p["threads"], VEC=p["vec"], UNROLL=p["unroll"], HINT=_hint(p))
+def _flat_render(task: OpTask, p: dict) -> str:
+    body = fill(_CUDA_FLAT_LAUNCH, THREADS=p["threads"], VEC=p["vec"], UNROLL=p["unroll"], HINT=_hint(p),
+                PERSIST="true" if p.get("grid") == "persist" else "false")
     return cuda_head(task) + _fn_cuda(task, p.get("math") == "fast") + _CUDA_LD + _CUDA_FLAT + entry(task, "cuda", body)
 
 
 register(Family("vec_grid", FLAT_OPS, "cuda",
                 {"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8, 16), "unroll": (1, 2, 4),
-                 "hint": ("none", "stream", "l2pf"), "math": ("ieee", "fast")},
+                 "hint": ("none", "stream", "l2pf"), "math": ("ieee", "fast"), "grid": ("flat", "persist")},
                 _flat_default, _flat_valid, _flat_render,
-                doc="16-byte packs, `unroll` packs in flight per thread, scalar tail; `hint` "
+                doc="16-byte packs, `unroll` packs in flight per thread, tail in the same launch; `hint` "
                     "stream = evict-first loads and stores, l2pf = 256-byte L2 prefetch; `math` fast = "
-                    "approximate exp and division"))
+                    "approximate exp and division; `grid` flat (one pass) or persist (blocks stride)"))
 
 
 _CUDA_ROWS = r"""
@@ -215,8 +235,8 @@ _CUDA_ROWS_LAUNCH = r"""
 """
 
 
-def _rows_default(task: Task) -> dict:
-    cols = catalogue.scalar_args(task)["cols"]
+def _rows_default(task: OpTask) -> dict:
+    cols = patterns.scalar_args(task)["cols"]
     vec = 16 // ELEM_BYTES[task.dtype]
     while vec > 1 and cols % vec:
         vec //= 2
@@ -230,11 +250,11 @@ def _rows_default(task: Task) -> dict:
             "hint": "none", "math": _default_math(task)}
 
 
-def _rows_valid(task: Task, p: dict) -> bool:
+def _rows_valid(task: OpTask, p: dict) -> bool:
     return ELEM_BYTES[task.dtype] * p["vec"] <= 32
 
 
-def _rows_render(task: Task, p: dict) -> str:
+def _rows_render(task: OpTask, p: dict) -> str:
     body = fill(_CUDA_ROWS_LAUNCH, THREADS=p["threads"], VEC=p["vec"], UNROLL=p["unroll"], HINT=_hint(p))
     fn = _fn_cuda(replace(task, op="silu"), p.get("math") == "fast")
     return cuda_head(task) + fn + _CUDA_LD + _CUDA_ROWS + entry(task, "cuda", body)
@@ -249,30 +269,106 @@ register(Family("rows_vec", ("silu_mul",), "cuda",
                     "approximate exp and division"))
 
 
+_CUDA_ROWS_FLAT = r"""
+// silu(a) * b over the flattened (row, column pack) index: for short rows (a 2-D grid would leave
+// most of each block idle when cols < THREADS x VEC). Pack i is row i / ppr, column (i % ppr) x
+// VEC; 32-bit index arithmetic when the pack count fits (I32).
+template <int THREADS, int VEC, int UNROLL, bool I32>
+__global__ void __launch_bounds__(THREADS) kf_silu_mul_flat(const TI* __restrict__ a, int64_t sa,
+    const TI* __restrict__ b, int64_t sb, TO* __restrict__ y, int64_t total, int64_t ppr) {
+  constexpr int64_t PER = (int64_t)THREADS * UNROLL;
+  for (int64_t blk = blockIdx.x; blk * PER < total; blk += gridDim.x) {
+    kf_pack<TI, VEC> pa[UNROLL], pb[UNROLL];
+    int64_t yo[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t i = blk * PER + (int64_t)u * THREADS + threadIdx.x;
+      yo[u] = -1;
+      if (i < total) {
+        int64_t r, c;
+        if constexpr (I32) { r = (unsigned)i / (unsigned)ppr; c = ((unsigned)i - (unsigned)r * (unsigned)ppr) * VEC; }
+        else { r = i / ppr; c = (i - r * ppr) * VEC; }
+        pa[u] = kf_load<TI, VEC>(a + r * sa + c);
+        pb[u] = kf_load<TI, VEC>(b + r * sb + c);
+        yo[u] = i * VEC;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      if (yo[u] >= 0) {
+        float r[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) r[j] = kf_f(kf_to<TI>(kf_op(kf_f(pa[u].v[j])))) * kf_f(pb[u].v[j]);
+        kf_store<TO, VEC>(y + yo[u], kf_to_pack<TO, VEC>(r));
+      }
+    }
+  }
+}
+"""
+
+_CUDA_ROWS_FLAT_LAUNCH = r"""
+  if (rows <= 0 || cols <= 0) return 0;
+  const bool fast = cols % @VEC@ == 0 && a_row_stride % @VEC@ == 0 && b_row_stride % @VEC@ == 0 &&
+                    kf_aligned(a, @VEC@ * sizeof(TI)) && kf_aligned(b, @VEC@ * sizeof(TI)) &&
+                    kf_aligned(y, @VEC@ * sizeof(TO));
+  const int vec = fast ? @VEC@ : 1;
+  const int64_t ppr = cols / vec, total = rows * ppr, per = (int64_t)@THREADS@ * @UNROLL@;
+  int64_t blocks = (total + per - 1) / per;
+  if (blocks > 2147483647) blocks = 2147483647;  // the kernel strides over the rest
+  const bool i32 = total + per < 2147483647;
+  const unsigned grid = (unsigned)blocks;
+  if (fast && i32) kf_silu_mul_flat<@THREADS@, @VEC@, @UNROLL@, true><<<grid, @THREADS@, 0, stream>>>(a, a_row_stride, b, b_row_stride, y, total, ppr);
+  else if (fast) kf_silu_mul_flat<@THREADS@, @VEC@, @UNROLL@, false><<<grid, @THREADS@, 0, stream>>>(a, a_row_stride, b, b_row_stride, y, total, ppr);
+  else kf_silu_mul_flat<@THREADS@, 1, @UNROLL@, false><<<grid, @THREADS@, 0, stream>>>(a, a_row_stride, b, b_row_stride, y, total, ppr);
+  return (int)cudaGetLastError();
+"""
+
+
+def _rows_flat_default(task: OpTask) -> dict:
+    cols = patterns.scalar_args(task)["cols"]
+    vec = 16 // ELEM_BYTES[task.dtype]
+    while vec > 1 and cols % vec:
+        vec //= 2
+    return {"threads": 256, "vec": vec, "unroll": 2, "math": _default_math(task)}
+
+
+def _rows_flat_render(task: OpTask, p: dict) -> str:
+    body = fill(_CUDA_ROWS_FLAT_LAUNCH, THREADS=p["threads"], VEC=p["vec"], UNROLL=p["unroll"])
+    fn = _fn_cuda(replace(task, op="silu"), p.get("math") == "fast")
+    return cuda_head(task) + fn + _CUDA_ROWS_FLAT + entry(task, "cuda", body)
+
+
+register(Family("flat_vec", ("silu_mul",), "cuda",
+                {"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8), "unroll": (1, 2, 4),
+                 "math": ("ieee", "fast")},
+                _rows_flat_default, lambda t, p: ELEM_BYTES[t.dtype] * p["vec"] <= 16, _rows_flat_render,
+                doc="silu(a)*b over flattened (row, column pack) indices: whole blocks busy for short rows"))
+
+
 # ------------------------------------------------------------------------------- CPU
 
 _CPU_FLAT = r"""
-// Threads take contiguous runs of whole vectors; the last (< KF_W) elements go scalar.
+// Threads take contiguous runs of whole vectors; the last (< SIMD_W) elements go scalar.
 inline int kf_flat(const TI* x, TO* y, int64_t numel) {
-  if (!KF_ELT_VEC) {
+  if (!ELT_VEC) {
 #pragma omp parallel for simd schedule(static, @GRAIN@)
     for (int64_t i = 0; i < numel; ++i) y[i] = kf_out(kf_op(kf_in(x[i])));
     return 0;
   }
-  const int64_t nvec = numel / KF_W;
-#pragma omp parallel for schedule(static, @GRAIN@ / KF_W)
-  for (int64_t b = 0; b < nvec; ++b) kf_vout(y + b * KF_W, kf_vop(kf_vin(x + b * KF_W)));
-  for (int64_t i = nvec * KF_W; i < numel; ++i) y[i] = kf_out(kf_sop(kf_in(x[i])));
+  const int64_t nvec = numel / SIMD_W;
+#pragma omp parallel for schedule(static, @GRAIN@ / SIMD_W)
+  for (int64_t b = 0; b < nvec; ++b) kf_vout(y + b * SIMD_W, kf_vop(kf_vin(x + b * SIMD_W)));
+  for (int64_t i = nvec * SIMD_W; i < numel; ++i) y[i] = kf_out(kf_sop(kf_in(x[i])));
   return 0;
 }
 """
 
 
-def _cpu_valid(task: Task, p: dict) -> bool:
+def _cpu_valid(task: OpTask, p: dict) -> bool:
     return _uses_exp(task) or p["exp"] == "poly"
 
 
-def _cpu_flat_render(task: Task, p: dict) -> str:
+def _cpu_flat_render(task: OpTask, p: dict) -> str:
     exp = "kf_exp" if p["exp"] == "poly" else "kf_exp_libm"
     return (cpu_head(task) + _fn_cpu(task, exp) + fill(_CPU_FLAT, GRAIN=p["grain"])
             + entry(task, "cpu", "  return kf_flat(x, y, numel);"))
@@ -286,13 +382,13 @@ register(Family("flat_omp", FLAT_OPS, "cpu",
 
 _CPU_ROWS = r"""
 inline int kf_silu_mul(const TI* a, int64_t sa, const TI* b, int64_t sb, TO* y, int64_t rows, int64_t cols) {
-  const int64_t nv = KF_ELT_VEC ? cols - cols % KF_W : 0;
+  const int64_t nv = ELT_VEC ? cols - cols % SIMD_W : 0;
 #pragma omp parallel for schedule(static, @GRAIN@)
   for (int64_t r = 0; r < rows; ++r) {
     const TI* ar = a + r * sa;
     const TI* br = b + r * sb;
     TO* yr = y + r * cols;
-    for (int64_t c = 0; c < nv; c += KF_W)
+    for (int64_t c = 0; c < nv; c += SIMD_W)
       kf_vout(yr + c, kf_vmul(kf_vround(kf_vop(kf_vin(ar + c))), kf_vin(br + c)));
 #pragma omp simd
     for (int64_t c = nv; c < cols; ++c) yr[c] = kf_out(kf_in(kf_round(kf_sop(kf_in(ar[c])))) * kf_in(br[c]));
@@ -302,7 +398,7 @@ inline int kf_silu_mul(const TI* a, int64_t sa, const TI* b, int64_t sb, TO* y, 
 """
 
 
-def _cpu_rows_render(task: Task, p: dict) -> str:
+def _cpu_rows_render(task: OpTask, p: dict) -> str:
     exp = "kf_exp" if p["exp"] == "poly" else "kf_exp_libm"
     return (cpu_head(task) + _fn_cpu(replace(task, op="silu"), exp)
             + fill(_CPU_ROWS, GRAIN=p["grain"])

@@ -6,19 +6,28 @@ the row held in registers when it fits (x read once, exact two-pass statistics),
 twice with shifted sums (shift = the row's first element, which keeps E[x^2]-E[x]^2 from
 cancelling when |mean| >> std).
 
+Few long rows (a group is a row for group_norm): `kf_norm_split` cuts each row over several
+CTAs that keep their chunk in shared memory and combine shifted partial sums, either as one
+thread-block cluster per row (`cluster_row`, DSMEM) or as a cooperative grid over the whole GPU
+(`coop_row`, partials through scratch in y between two grid barriers); one launch either way.
+
 group_norm adds `two_phase`: a group is one contiguous run of C/G*HxW elements, often far too
 few groups (32) to fill 132 SMs with one block each, so phase 1 splits every group over many
 blocks writing partial sums to stream-ordered scratch, and phase 2 (as many blocks) combines
 them and applies; phase 2 can walk the data in reverse so its first reads hit what phase 1
-left in L2.
+left in L2. `cluster_group` does it in one launch with a cluster per group.
+
+Every launcher checks sizes and alignment at run time and falls back to the generic `kf_norm`
+(scalar loads, one block per row) for anything its fast path does not take.
 """
 from __future__ import annotations
 
 from kforge_tui.search.families import Family, register
-from kforge_tui.search.families._common import (ELEM_BYTES, cdiv, cpu_head, cuda_head, entry, fill,
+from kforge_tui.search.families._common import (CUDA_COOP_SPLIT, ELEM_BYTES, KEEP_KB, MAX_KEEP_KB, cdiv,
+                                                cpu_head, cuda_head, entry, fill, keep_for, keep_sweeps,
                                                 pow2_at_most)
-from kforge_tui.task import Task
-from kforge_tui.workload import catalogue
+from kforge_tui.regions.patterns import OpTask
+from kforge_tui.regions import patterns
 
 ROW_OPS = ("layer_norm", "rms_norm")
 # Bytes of row a thread may hold in registers (as loaded: 64 f32 or 128 bf16/f16 values) before
@@ -27,27 +36,27 @@ MAX_REG_BYTES = 256
 KIND = {"layer_norm": 0, "rms_norm": 1, "group_norm": 2}
 
 
-def _rows_n(task: Task) -> tuple[int, int]:
+def _rows_n(task: OpTask) -> tuple[int, int]:
     """(rows, n) as the kernel sees them; a group is a "row" for group_norm."""
-    s = catalogue.scalar_args(task)
+    s = patterns.scalar_args(task)
     if task.op == "group_norm":
         return s["N"] * s["G"], s["C"] // s["G"] * s["HxW"]
     return s["rows"], s["n"]
 
 
-def _unit(task: Task) -> int:
+def _unit(task: OpTask) -> int:
     """Elements that must share one vector pack boundary (channel length for group_norm)."""
-    return catalogue.scalar_args(task)["HxW"] if task.op == "group_norm" else _rows_n(task)[1]
+    return patterns.scalar_args(task)["HxW"] if task.op == "group_norm" else _rows_n(task)[1]
 
 
-def _vec16(task: Task) -> int:
+def _vec16(task: OpTask) -> int:
     v = 16 // ELEM_BYTES[task.dtype]
     while v > 1 and _unit(task) % v:
         v //= 2
     return v
 
 
-def _round2(task: Task) -> str:
+def _round2(task: OpTask) -> str:
     # Llama/Qwen round the normalised value to the input dtype before the weight multiply.
     return "true" if task.op == "rms_norm" and task.params.get("variant", "llama") == "llama" else "false"
 
@@ -263,7 +272,7 @@ _CUDA_NORM_LAUNCH = r"""
 """
 
 
-def _norm_launch(task: Task, threads: int, rowt: int, vec: int, items: int, p: dict) -> str:
+def _norm_launch(task: OpTask, threads: int, rowt: int, vec: int, items: int, p: dict) -> str:
     """The launch code; `p` carries the kernel options (wpre, stats, pipe, minb; absent = off)."""
     op = task.op
     if op == "group_norm":
@@ -282,14 +291,14 @@ def _norm_launch(task: Task, threads: int, rowt: int, vec: int, items: int, p: d
                 PIPE=flag(p.get("pipe")), MINB=p.get("minb", 1), **names)
 
 
-def _norm_source(task: Task, threads: int, rowt: int, vec: int, cache: bool, p: dict) -> str:
+def _norm_source(task: OpTask, threads: int, rowt: int, vec: int, cache: bool, p: dict) -> str:
     _, n = _rows_n(task)
     items = cdiv(n, rowt * vec) if cache else 0
     return cuda_head(task) + _CUDA_NORM + entry(task, "cuda", _norm_launch(task, threads, rowt, vec, items, p))
 
 
 # --- block_row (layer/rms) and block_group (group_norm): one block per row/group
-def _block_default(task: Task) -> dict:
+def _block_default(task: OpTask) -> dict:
     _, n = _rows_n(task)
     vec = _vec16(task)
     # two 16-byte packs per thread: measured on the H200, 256 threads x 2 packs beat 512 x 1 and
@@ -306,7 +315,7 @@ def _block_default(task: Task) -> dict:
     return p
 
 
-def _block_valid(task: Task, p: dict) -> bool:
+def _block_valid(task: OpTask, p: dict) -> bool:
     _, n = _rows_n(task)
     if _unit(task) % p["vec"] or p["vec"] * ELEM_BYTES[task.dtype] > 32:
         return False
@@ -321,7 +330,7 @@ def _block_valid(task: Task, p: dict) -> bool:
         cdiv(n, p["threads"] * p["vec"]) * p["vec"] * ELEM_BYTES[task.dtype] * held <= MAX_REG_BYTES
 
 
-def _block_render(task: Task, p: dict) -> str:
+def _block_render(task: OpTask, p: dict) -> str:
     return _norm_source(task, p["threads"], p["threads"], p["vec"], p["cache"] == "regs", p)
 
 
@@ -339,7 +348,7 @@ register(Family("block_group", ("group_norm",), "cuda", _BLOCK_SPACE, _block_def
 
 
 # --- warp_row: `lanes` threads per row, shuffles only
-def _warp_default(task: Task) -> dict:
+def _warp_default(task: OpTask) -> dict:
     _, n = _rows_n(task)
     vec = _vec16(task)
     lanes = 32
@@ -349,7 +358,7 @@ def _warp_default(task: Task) -> dict:
     return {"warps": 4, "lanes": lanes, "vec": vec, "pipe": 0}
 
 
-def _warp_valid(task: Task, p: dict) -> bool:
+def _warp_valid(task: OpTask, p: dict) -> bool:
     _, n = _rows_n(task)
     if _unit(task) % p["vec"] or p["vec"] * ELEM_BYTES[task.dtype] > 32:
         return False
@@ -357,7 +366,7 @@ def _warp_valid(task: Task, p: dict) -> bool:
     return cdiv(n, p["lanes"] * p["vec"]) * p["vec"] * ELEM_BYTES[task.dtype] * held <= MAX_REG_BYTES
 
 
-def _warp_render(task: Task, p: dict) -> str:
+def _warp_render(task: OpTask, p: dict) -> str:
     return _norm_source(task, p["warps"] * 32, p["lanes"], p["vec"], True, p)
 
 
@@ -366,6 +375,279 @@ register(Family("warp_row", ROW_OPS + ("group_norm",), "cuda",
                 _warp_default, _warp_valid, _warp_render,
                 doc="a warp (or `lanes` threads) per row, row in registers; `pipe` a persistent grid "
                     "loading the next row during this one"))
+
+
+# --- split rows: a row (or group) over several CTAs, for few long rows
+_CUDA_NSPLIT = r"""
+#include <cooperative_groups.h>
+namespace kf_cg = cooperative_groups;
+
+// One output pack: the normalised values with the op's affine (KIND as in kf_norm).
+template <int KIND, bool ROUND2, int VEC>
+__device__ __forceinline__ kf_pack<TO, VEC> kf_norm_pack(const kf_pack<TI, VEC>& xp, int64_t base, float mean,
+    float rstd, const TI* __restrict__ w, const TI* __restrict__ b, float woff, int64_t cbase, int64_t hw) {
+  float r[VEC];
+  if constexpr (KIND == 2) {
+    const int64_t c = cbase + base / hw;
+    const float a = rstd * (w ? kf_f(w[c]) : 1.f);
+    const float bb = (b ? kf_f(b[c]) : 0.f) - mean * a;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) r[j] = kf_f(xp.v[j]) * a + bb;
+  } else if constexpr (KIND == 0) {
+    kf_pack<TI, VEC> pw, pb;
+    if (w) pw = kf_load<TI, VEC>(w + base);
+    if (b) pb = kf_load<TI, VEC>(b + base);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      r[j] = fmaf((kf_f(xp.v[j]) - mean) * rstd, w ? kf_f(pw.v[j]) : 1.f, b ? kf_f(pb.v[j]) : 0.f);
+  } else {
+    kf_pack<TI, VEC> pw;
+    if (w) pw = kf_load<TI, VEC>(w + base);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float h = kf_f(xp.v[j]) * rstd;
+      if (ROUND2) r[j] = w ? kf_f(pw.v[j]) * kf_f(kf_to<TO>(h)) : h;
+      else r[j] = w ? h * (kf_f(pw.v[j]) + woff) : h;
+    }
+  }
+  return kf_to_pack<TO, VEC>(r);
+}
+
+// (sum, sumsq) of the whole block in one shared-memory round.
+template <int NW> __device__ __forceinline__ float2 kf_split_sum2(float s, float q, float2* sh) {
+  s = kf_warp_sum(s, 32);
+  q = kf_warp_sum(q, 32);
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = make_float2(s, q);
+  __syncthreads();
+  float2 r = (threadIdx.x & 31) < NW ? sh[threadIdx.x & 31] : make_float2(0.f, 0.f);
+  r.x = kf_warp_sum(r.x, 32);
+  r.y = kf_warp_sum(r.y, 32);
+  return r;
+}
+
+// A row (group) split over C CTAs, each owning a chunk of `chunk` elements. Phase 1 reads the
+// chunk once, keeping its first KEEPK sweeps in shared memory (each thread the packs it will
+// write), and reduces it to shifted (sum, sumsq) (shift = the row's first element, the same in
+// every CTA, so partials add exactly). The row's partials are combined in double:
+//   COOP = false: the C CTAs are one thread-block cluster (sm_90), through distributed shared
+//                 memory; CTA r of cluster q is chunk r of row q.
+//   COOP = true:  a cooperative grid (every CTA resident): CTA i is chunk i % C of row i / C,
+//                 partials go through the first 8 * gridDim.x bytes of y (scratch that the
+//                 write phase overwrites) between two grid-wide barriers.
+// Phase 2 normalises the chunk backwards (the last-read part is likeliest in L2; kept sweeps,
+// the first ones, come last). One launch, no allocation.
+template <int THREADS, int VEC, int UNROLL, int KEEPK, int KIND, bool ROUND2, bool COOP>
+__global__ void __launch_bounds__(THREADS) kf_norm_split(const TI* __restrict__ x, const TI* __restrict__ w,
+    const TI* __restrict__ b, TO* __restrict__ y, int64_t n, int64_t C, int64_t chunk, float eps, float woff,
+    int64_t hw, int64_t cg, int64_t G) {
+  constexpr int NW = THREADS / 32;
+  __shared__ float2 sh[32];
+  __shared__ float2 part;
+  __shared__ float stat[2];
+  extern __shared__ __align__(16) unsigned char kf_keep_raw[];
+  kf_pack<TI, VEC>* keep = reinterpret_cast<kf_pack<TI, VEC>*>(kf_keep_raw);
+  int64_t c;
+  if constexpr (COOP) {
+    c = blockIdx.x % C;
+  } else {
+    kf_cg::cluster_group cl = kf_cg::this_cluster();
+    C = (int64_t)cl.num_blocks();
+    c = (int64_t)cl.block_rank();
+  }
+  const int64_t row = blockIdx.x / C;
+  const int64_t lo = c * chunk, hi = (lo + chunk < n) ? lo + chunk : n;
+  const TI* xr = x + row * n;
+  const float K = (KIND != 1) ? kf_f(xr[0]) : 0.f;
+  float s = 0.f, q = 0.f;
+  constexpr int64_t STEP = (int64_t)THREADS * VEC;
+  int64_t base = lo + (int64_t)threadIdx.x * VEC;
+  int k = 0;  // sweep index of `base` within the chunk
+  for (; base + (UNROLL - 1) * STEP < hi; base += UNROLL * STEP, k += UNROLL) {
+    kf_pack<TI, VEC> p[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) p[u] = kf_load<TI, VEC>(xr + base + u * STEP);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      if (k + u < KEEPK) keep[(k + u) * THREADS + threadIdx.x] = p[u];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) { const float d = kf_f(p[u].v[j]) - K; s += d; q += d * d; }
+    }
+  }
+  for (; base < hi; base += STEP, ++k) {
+    const kf_pack<TI, VEC> p = kf_load<TI, VEC>(xr + base);
+    if (k < KEEPK) keep[k * THREADS + threadIdx.x] = p;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) { const float d = kf_f(p.v[j]) - K; s += d; q += d * d; }
+  }
+  const float2 t = kf_split_sum2<NW>(s, q, sh);
+  double ds = 0.0, dq = 0.0;
+  if constexpr (COOP) {
+    if (threadIdx.x == 0) reinterpret_cast<float2*>(y)[blockIdx.x] = t;
+    kf_cg::this_grid().sync();  // every chunk's partial is in the scratch
+    if (threadIdx.x < 32) {
+      const float2* sc = reinterpret_cast<const float2*>(y) + row * C;
+      for (int64_t i = threadIdx.x; i < C; i += 32) {
+        const float2 o = __ldcg(sc + i);  // written by other SMs: read at L2, not from L1
+        ds += o.x;
+        dq += o.y;
+      }
+    }
+  } else {
+    kf_cg::cluster_group cl = kf_cg::this_cluster();
+    if (threadIdx.x == 0) part = t;
+    cl.sync();  // every CTA's partial is visible cluster-wide
+    if ((int64_t)threadIdx.x < C) {
+      const float2 o = *cl.map_shared_rank(&part, threadIdx.x);
+      ds = o.x;
+      dq = o.y;
+    }
+  }
+  if (threadIdx.x < 32) {
+    for (int o = 16; o > 0; o >>= 1) { ds += __shfl_xor_sync(0xffffffffu, ds, o); dq += __shfl_xor_sync(0xffffffffu, dq, o); }
+    if (threadIdx.x == 0) {
+      const double ms = ds / (double)n, var = dq / (double)n - ms * ms;
+      stat[0] = (float)((double)K + ms);
+      stat[1] = KIND == 1 ? rsqrtf((float)(dq / (double)n) + eps) : rsqrtf((float)(var > 0.0 ? var : 0.0) + eps);
+    }
+  }
+  if constexpr (COOP) kf_cg::this_grid().sync();  // every CTA has read the scratch before any writes over it
+  else kf_cg::this_cluster().sync();  // no CTA leaves (freeing its shared memory) while a peer may read it
+  __syncthreads();
+  const float mean = stat[0], rstd = stat[1];
+  const int64_t cbase = (KIND == 2) ? (row % G) * cg : 0;
+  TO* yr = y + row * n;
+  int kk = (int)((hi - 1 - lo) / STEP);
+  for (int64_t r0 = lo + (int64_t)kk * STEP; hi > lo && r0 >= lo; r0 -= STEP, --kk) {
+    const int64_t bs = r0 + (int64_t)threadIdx.x * VEC;
+    if (bs >= hi) continue;
+    const kf_pack<TI, VEC> p = kk < KEEPK ? keep[kk * THREADS + threadIdx.x] : kf_load<TI, VEC>(xr + bs);
+    kf_store<TO, VEC>(yr + bs, kf_norm_pack<KIND, ROUND2, VEC>(p, bs, mean, rstd, w, b, woff, cbase, hw));
+  }
+}
+"""
+
+_CUDA_NSPLIT_LAUNCH = r"""
+  if (@ROWS@ <= 0 || @N@ <= 0) return 0;
+  @CHECK@
+  const int64_t kr = @ROWS@, nn = @N@;
+  const bool fast = (@UNIT@ % @VEC@ == 0) && kf_aligned(x, @VEC@ * sizeof(TI)) && kf_aligned(y, @VEC@ * sizeof(TO)) &&
+                    kf_aligned(y, 8) && (@KIND@ == 2 || ((!@W@ || kf_aligned(@W@, @VEC@ * sizeof(TI))) &&
+                                                        (!@B@ || kf_aligned(@B@, @VEC@ * sizeof(TI)))));
+  const size_t smem = (size_t)@KEEPK@ * @THREADS@ * sizeof(kf_pack<TI, @VEC@>);
+  if (fast) {
+@SPLIT@
+  }
+  // misaligned, more rows than the split takes, or no cooperative launch: one block per row
+  kf_norm<@THREADS@, @THREADS@, 1, 0, @KIND@, @ROUND2@, false, false, false><<<(unsigned)(kr < 2147483647 ? kr : 2147483647), @THREADS@, 0, stream>>>(
+      x, @W@, @B@, y, kr, nn, eps, @WOFF@, @HW@, @CG@, @G@, 1.f / (float)nn);
+  return (int)cudaGetLastError();
+"""
+
+_COOP_SPLIT = r"""
+    auto kern = kf_norm_split<@THREADS@, @VEC@, @UNROLL@, @KEEPK@, @KIND@, @ROUND2@, true>;
+    const int64_t cap = kf_coop_capacity(kern, @THREADS@, smem);
+    int64_t nch = 0;  // chunks per row (not `C`: group_norm's entry point has a parameter C)
+    const int64_t chunk = kf_coop_chunks(kr, nn, cap, (int64_t)@THREADS@ * @VEC@, @VEC@, &nch);
+    // the partials' scratch (8 bytes a CTA) must fit in y
+    if (chunk > 0 && (double)kr * nch * 8 <= (double)kr * nn * sizeof(TO)) {
+      const int rc = kf_launch_coop(kern, kr * nch, @THREADS@, smem, stream, x, @W@, @B@, y, nn, nch, chunk, eps,
+                                    @WOFF@, (int64_t)@HW@, (int64_t)@CG@, (int64_t)@G@);
+      return rc ? rc : (int)cudaGetLastError();
+    }
+"""
+
+_CLUSTER_SPLIT = r"""
+    const int64_t CL = @CLUSTER@;
+    if (kr * CL <= 2147483647) {
+      const int64_t chunk = ((nn + CL - 1) / CL + @VEC@ - 1) / @VEC@ * @VEC@;
+      const int rc = kf_launch_cluster(kf_norm_split<@THREADS@, @VEC@, @UNROLL@, @KEEPK@, @KIND@, @ROUND2@, false>,
+                                       kr * CL, @THREADS@, (int)CL, smem, stream, x, @W@, @B@, y, nn, CL, chunk, eps,
+                                       @WOFF@, (int64_t)@HW@, (int64_t)@CG@, (int64_t)@G@);
+      return rc ? rc : (int)cudaGetLastError();
+    }
+"""
+
+
+def _split_render(task: OpTask, p: dict, coop: bool) -> str:
+    op = task.op
+    if op == "group_norm":
+        names = dict(ROWS="(N * G)", N="(C / G * HxW)", UNIT="HxW", W="weight", B="bias", WOFF="0.f",
+                     HW="HxW", CG="(C / G)", G="G", CHECK="if (G <= 0 || C % G) return -1;")
+    elif op == "layer_norm":
+        names = dict(ROWS="rows", N="n", UNIT="n", W="weight", B="bias", WOFF="0.f", HW="1", CG="1", G="1",
+                     CHECK="")
+    else:
+        names = dict(ROWS="rows", N="n", UNIT="n", W="weight", B="(const TI*)nullptr", WOFF="weight_offset",
+                     HW="1", CG="1", G="1", CHECK="")
+    split = _COOP_SPLIT if coop else _CLUSTER_SPLIT.replace("@CLUSTER@", str(p["cluster"]))
+    body = fill(_CUDA_NSPLIT_LAUNCH.replace("@SPLIT@", split.strip("\n")), THREADS=p["threads"], VEC=p["vec"],
+                UNROLL=p["unroll"], KEEPK=keep_sweeps(task.dtype, p), KIND=KIND[op], ROUND2=_round2(task),
+                **names)
+    head = cuda_head(task) + (CUDA_COOP_SPLIT if coop else "")
+    return head + _CUDA_NORM + _CUDA_NSPLIT + entry(task, "cuda", body)
+
+
+def _nsplit_valid(task: OpTask, p: dict) -> bool:
+    _, n = _rows_n(task)
+    return (_unit(task) % p["vec"] == 0 and p["vec"] * ELEM_BYTES[task.dtype] <= 16 and n >= 2048
+            and p["keep"] <= MAX_KEEP_KB and (p["keep"] == 0 or keep_sweeps(task.dtype, p) >= 1))
+
+
+def _coop_default(task: OpTask) -> dict:
+    """512 threads, 4 packs in flight each, up to 96 KB kept per CTA (two CTAs per SM): the whole
+    chunk when the tensor fits on chip over 132 SMs x 2 CTAs, else 96 KB of each chunk."""
+    rows, n = _rows_n(task)
+    # unroll 4: on the H200 group_norm [1,512,128,128] f32 28.3 us, [1,512,256,512] bf16 109 us
+    p = {"threads": 512, "vec": _vec16(task), "unroll": 4, "keep": 0}
+    p["keep"] = keep_for(task.dtype, cdiv(rows * n, 264), 96)
+    if keep_sweeps(task.dtype, p) < 1:
+        p["keep"] = 0
+    return p
+
+
+def _coop_valid(task: OpTask, p: dict) -> bool:
+    rows, _ = _rows_n(task)
+    return rows <= 2048 and _nsplit_valid(task, p)
+
+
+register(Family("coop_row", ROW_OPS + ("group_norm",), "cuda",
+                {"threads": (256, 512, 1024), "vec": (1, 2, 4, 8), "unroll": (1, 2, 4), "keep": KEEP_KB},
+                _coop_default, _coop_valid, lambda t, p: _split_render(t, p, True),
+                doc="few long rows (groups) over the whole GPU: a cooperative grid, each CTA one chunk "
+                    "(`keep` KB of it held in shared memory), partial sums combined between two grid "
+                    "barriers through scratch in y; one launch, no allocation"))
+
+
+def _ncluster_default(task: OpTask) -> dict:
+    """Rows x cluster about one CTA per SM (132) for few rows; for many long rows a 16-CTA
+    cluster per row whose chunks (up to 96 KB) stay on chip, so x is read from DRAM once."""
+    rows, n = _rows_n(task)
+    vec = _vec16(task)
+    cl = 2
+    for c in (4, 8, 16):
+        if (rows * c <= 132 or n * ELEM_BYTES[task.dtype] >= c * 32 * 1024) and n // c >= 1024 * vec:
+            cl = c
+    p = {"cluster": cl, "threads": 1024 if n // cl >= 1024 * vec * 4 else 512, "vec": vec, "unroll": 2, "keep": 0}
+    if rows * cl > 132:  # waves of clusters: DRAM re-reads are what keeping on chip saves
+        # 512 x unroll 4: best on the H200 for layer_norm [1024, 131072] f32 and softmax
+        # [2048, 262144] f32 (16-CTA clusters of 1024 threads do not all fit at once)
+        p.update(threads=512, unroll=4, keep=keep_for(task.dtype, cdiv(n, cl), 96))
+        if keep_sweeps(task.dtype, p) < 1 or n // cl < 512 * vec:
+            p["keep"] = 0
+    return p
+
+
+def _ncluster_valid(task: OpTask, p: dict) -> bool:
+    _, n = _rows_n(task)
+    return n // p["cluster"] >= p["threads"] * p["vec"] and _nsplit_valid(task, p)
+
+
+register(Family("cluster_row", ROW_OPS, "cuda",
+                {"cluster": (2, 4, 8, 16), "threads": (256, 512, 1024), "vec": (1, 2, 4, 8),
+                 "unroll": (1, 2, 4), "keep": KEEP_KB},
+                _ncluster_default, _ncluster_valid, lambda t, p: _split_render(t, p, False),
+                doc="sm_90 thread-block cluster per long row: DSMEM exchange of partial sums, one launch; "
+                    "`keep` KB of each CTA's chunk held in shared memory instead of re-read"))
 
 
 # --- group_norm two_phase
@@ -439,7 +721,11 @@ _CUDA_GN2_LAUNCH = r"""
   if (N <= 0 || C <= 0 || HxW <= 0) return 0;
   if (G <= 0 || C % G) return -1;
   const int64_t groups = N * G, ge = C / G * HxW;
-  if (groups > 65535) return -1;
+  if (groups > 65535) {  // more groups than gridDim.y takes: one block per group
+    kf_norm<@THREADS@, @THREADS@, 1, 0, 2, false, false, false, false><<<(unsigned)(groups < 2147483647 ? groups : 2147483647), @THREADS@, 0, stream>>>(
+        x, weight, bias, y, groups, ge, eps, 0.f, HxW, C / G, G, 1.f / (float)ge);
+    return (int)cudaGetLastError();
+  }
   const int S = @SPLITS@;
   float* part = nullptr;
   cudaError_t err = cudaMallocAsync((void**)&part, (size_t)(groups * S * 2) * sizeof(float), stream);
@@ -460,7 +746,7 @@ _CUDA_GN2_LAUNCH = r"""
 """
 
 
-def _gn2_default(task: Task) -> dict:
+def _gn2_default(task: OpTask) -> dict:
     groups, ge = _rows_n(task)
     vec = _vec16(task)
     splits = 1
@@ -471,16 +757,16 @@ def _gn2_default(task: Task) -> dict:
             "reverse": 1}
 
 
-def _gn2_valid(task: Task, p: dict) -> bool:
+def _gn2_valid(task: OpTask, p: dict) -> bool:
     groups, ge = _rows_n(task)
     return (groups <= 65535 and _unit(task) % p["vec"] == 0 and p["vec"] * ELEM_BYTES[task.dtype] <= 32
             and ge // p["splits"] >= p["threads"])
 
 
-def _gn2_render(task: Task, p: dict) -> str:
+def _gn2_render(task: OpTask, p: dict) -> str:
     body = fill(_CUDA_GN2_LAUNCH, SPLITS=p["splits"], VEC=p["vec"], THREADS=p["threads"],
                 REVERSE="true" if p["reverse"] else "false")
-    return cuda_head(task) + _CUDA_GN2 + entry(task, "cuda", body)
+    return cuda_head(task) + _CUDA_NORM + _CUDA_GN2 + entry(task, "cuda", body)
 
 
 register(Family("two_phase", ("group_norm",), "cuda",
@@ -606,7 +892,11 @@ _CUDA_GNC_LAUNCH = r"""
   if (N <= 0 || C <= 0 || HxW <= 0) return 0;
   if (G <= 0 || C % G) return -1;
   const int64_t groups = N * G, ge = C / G * HxW, CL = @CLUSTER@;
-  if (groups * CL > 2147483647) return -1;
+  if (groups * CL > 2147483647) {  // more CTAs than one launch takes: one block per group
+    kf_norm<512, 512, 1, 0, 2, false, false, false, false><<<(unsigned)(groups < 2147483647 ? groups : 2147483647), 512, 0, stream>>>(
+        x, weight, bias, y, groups, ge, eps, 0.f, HxW, C / G, G, 1.f / (float)ge);
+    return (int)cudaGetLastError();
+  }
   int rc;
   if ((HxW % @VEC@ == 0) && kf_aligned(x, @VEC@ * sizeof(TI)) && kf_aligned(y, @VEC@ * sizeof(TO))) {
     const int64_t chunk = ((ge + CL - 1) / CL + @VEC@ - 1) / @VEC@ * @VEC@;
@@ -619,23 +909,19 @@ _CUDA_GNC_LAUNCH = r"""
 """
 
 
-# On-chip room for kept sweeps: an sm_90 block may have 227 KB of dynamic shared memory; 1 KB
-# stays free for the kernel's static shared memory.
-MAX_KEEP_KB = 226
 
-
-def _gnc_chunk(task: Task, p: dict) -> int:
+def _gnc_chunk(task: OpTask, p: dict) -> int:
     _, ge = _rows_n(task)
     return cdiv(cdiv(ge, p["cluster"]), p["vec"]) * p["vec"]
 
 
-def _gnc_keepk(task: Task, p: dict) -> int:
+def _gnc_keepk(task: OpTask, p: dict) -> int:
     """Sweeps (THREADS x VEC elements each) of a CTA's chunk kept in shared memory."""
     sweep = p["threads"] * p["vec"]
     return min(p["keep"] * 1024 // (sweep * ELEM_BYTES[task.dtype]), cdiv(_gnc_chunk(task, p), sweep))
 
 
-def _gnc_default(task: Task) -> dict:
+def _gnc_default(task: OpTask) -> dict:
     """Enough CTAs for >= one per SM (132 on an H100/H200) with the group split evenly; the whole
     chunk kept on chip when two CTAs of it still fit on an SM (DRAM then reads x exactly once)."""
     groups, ge = _rows_n(task)
@@ -659,7 +945,7 @@ def _gnc_default(task: Task) -> dict:
     return p
 
 
-def _gnc_valid(task: Task, p: dict) -> bool:
+def _gnc_valid(task: OpTask, p: dict) -> bool:
     groups, ge = _rows_n(task)
     return (_unit(task) % p["vec"] == 0 and p["vec"] * ELEM_BYTES[task.dtype] <= 16
             and ge // p["cluster"] >= p["threads"] * p["vec"] and groups * p["cluster"] < 2**31
@@ -669,10 +955,10 @@ def _gnc_valid(task: Task, p: dict) -> bool:
                 _GNC_SPACE["keep"].index(p["keep"]) - 1]}) < _gnc_keepk(task, p)))
 
 
-def _gnc_render(task: Task, p: dict) -> str:
+def _gnc_render(task: OpTask, p: dict) -> str:
     body = fill(_CUDA_GNC_LAUNCH, CLUSTER=p["cluster"], VEC=p["vec"], THREADS=p["threads"], UNROLL=p["unroll"],
                 KEEPK=_gnc_keepk(task, p))
-    return cuda_head(task) + _CUDA_GNC + entry(task, "cuda", body)
+    return cuda_head(task) + _CUDA_NORM + _CUDA_GNC + entry(task, "cuda", body)
 
 
 _GNC_SPACE = {"cluster": (2, 4, 8, 16), "threads": (256, 512, 1024), "vec": (1, 2, 4, 8),
@@ -728,14 +1014,14 @@ inline int kf_norm_rows(const TI* x, const TI* w, const TI* b, TO* y, int64_t ro
 """
 
 
-def _cpu_rows_render(task: Task, p: dict) -> str:
+def _cpu_rows_render(task: OpTask, p: dict) -> str:
     src = fill(_CPU_ROWS, GRAIN=p["grain"], KIND=KIND[task.op], ROUND2="1" if _round2(task) == "true" else "0")
     call = ("kf_norm_rows(x, weight, bias, y, rows, n, eps, 0.f)" if task.op == "layer_norm"
             else "kf_norm_rows(x, weight, (const TI*)0, y, rows, n, eps, weight_offset)")
     return cpu_head(task) + src + entry(task, "cpu", f"  return {call};")
 
 
-def _cpu_rows_default(task: Task) -> dict:
+def _cpu_rows_default(task: OpTask) -> dict:
     rows, _ = _rows_n(task)
     return {"grain": pow2_at_most(max(1, rows // 64), (1, 4, 16, 64))}
 
@@ -780,7 +1066,7 @@ inline int kf_group_norm(const TI* x, const TI* w, const TI* b, TO* y, int64_t N
 """
 
 
-def _cpu_groups_render(task: Task, p: dict) -> str:
+def _cpu_groups_render(task: OpTask, p: dict) -> str:
     src = fill(_CPU_GROUPS, TILE=p["tile"])
     return cpu_head(task) + src + entry(task, "cpu", "  return kf_group_norm(x, weight, bias, y, N, C, HxW, G, eps);")
 
