@@ -1,6 +1,7 @@
-"""Settings: defaults < user config file (TOML) < environment < command-line flags.
+"""Settings: defaults < user config file (TOML) < environment < command-line flags; and where kforge
+keeps its user files (platformdirs: the platform's config, cache and data directories).
 
-The config file is `$XDG_CONFIG_HOME/kforge/config.toml` (default `~/.config/kforge/config.toml`),
+The config file is `config.toml` in the user config directory (`~/.config/kforge/` on Linux),
 or the file named by `KFORGE_CONFIG`. Every key is optional:
 
     llm = "openai/gpt-4.1"            # any litellm provider string; absent: built-in proposer
@@ -11,15 +12,23 @@ or the file named by `KFORGE_CONFIG`. Every key is optional:
     theme = "kforge-dark"
     run_root = "~/kforge_runs"
     device = "cuda"
+
+    [keymap]                          # binding id = key(s); `?` in the TUI lists the ids
+    pause-all = "space"
+    zoom = "Z"
 """
 from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import platformdirs
+
 from kforge_tui.errors import UsageError
+
+APP = "kforge"
 
 ENV = {  # setting -> environment variable
     "llm": "KFORGE_LLM",
@@ -43,13 +52,31 @@ class Config:
     theme: str = "kforge-dark"
     run_root: str = "kforge_runs"
     device: str | None = None
+    keymap: dict[str, str] = field(default_factory=dict)  # TUI binding id -> key(s)
 
 
 def config_path() -> Path:
     if os.environ.get("KFORGE_CONFIG"):
         return Path(os.environ["KFORGE_CONFIG"]).expanduser()
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "kforge" / "config.toml"
+    return platformdirs.user_config_path(APP, appauthor=False) / "config.toml"
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` (and parents) and make it owner-only: runs and caches hold the user's tensors."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+    return path
+
+
+def cache_dir() -> Path:
+    """Compile cache: `KFORGE_CACHE`, else the platform's user cache directory."""
+    base = os.environ.get("KFORGE_CACHE")
+    return Path(base).expanduser() if base else platformdirs.user_cache_path(APP, appauthor=False)
+
+
+def data_dir() -> Path:
+    """kforge's own records (the list of runs): the platform's user data directory."""
+    return platformdirs.user_data_path(APP, appauthor=False)
 
 
 def load_config(overrides: dict | None = None) -> Config:
@@ -78,6 +105,10 @@ def load_config(overrides: dict | None = None) -> Config:
 
 
 def _coerce(key: str, value, typ, where: str):
+    if "dict" in str(typ):
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise UsageError(f"{where}: {key} must be a table of name = \"key\" strings")
+        return {str(k): v for k, v in value.items()}
     if "int" in str(typ):
         try:
             return int(value)

@@ -1,8 +1,10 @@
 """Typed engine events: the one stream both the TUI and the headless reporter consume.
 
 The engine emits these through an `EventCallback`; the TUI wraps each in a Textual
-message, the headless reporter prints progress, and `StoreFollower` (store.py) synthesises the
-same events by polling a run store written by another process. Plain dataclasses, no UI imports.
+message, the headless reporter prints progress, and `StoreFollower` (follow.py) synthesises the
+same events by polling a run store written by another process. The kinds that no store table
+holds (`STORED`: phases, log lines, task status with its reason) are also appended to the store's
+`events` table by the engine, so an attached TUI shows them too. Plain dataclasses, no UI imports.
 """
 from __future__ import annotations
 
@@ -33,9 +35,13 @@ class RunStarted(Event):
 
 @dataclass
 class Phase(Event):
-    """Coarse progress before the search: loading, profiling, capturing, baselines."""
+    """Coarse progress: loading, profiling, capturing, baselines, searching, integrating.
 
-    name: str  # "load" | "profile" | "capture" | "baseline" | "search" | "integrate" | "done"
+    "done" is sent when no op is searching any more (the live engine may still serve edits and
+    repairs, and goes back to "search" when more budget is given), and again at the very end.
+    """
+
+    name: str  # "load" | "profile" | "capture" | "baseline" | "search" | "done" | "integrate"
     detail: str = ""
 
 
@@ -68,7 +74,18 @@ class TaskBaseline(Event):
 class TaskStatus(Event):
     task_id: str
     status: str  # waiting | searching | paused | done | failed | stopped
-    detail: str = ""
+    detail: str = ""  # why: "budget", "target", "time", EXHAUSTED + "...", "paused by the user"
+
+
+EXHAUSTED = "exhausted"  # TaskStatus.detail of a "done" op whose proposer has nothing left to try
+
+
+@dataclass
+class TaskBudget(Event):
+    """The budget of an op changed (a UI added candidates)."""
+
+    task_id: str
+    budget: int
 
 
 @dataclass
@@ -109,9 +126,14 @@ class BestImproved(Event):
 
 @dataclass
 class LLMUsage(Event):
+    """Running totals of the run's LLM use (not increments): consumers show them as they come."""
+
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float
+    calls: int = 0
+    failures: int = 0  # calls that gave no usable code (HTTP 429/5xx after retries, prose, ...)
+    last_error: str = ""
 
 
 @dataclass
@@ -128,8 +150,9 @@ class RunFinished(Event):
 EventCallback = Callable[[Event], None]
 
 EVENT_TYPES = {cls.__name__: cls for cls in (RunStarted, Phase, ProfileReady, TaskAdded, TaskBaseline,
-                                             TaskStatus, NodeAdded, NodeStage, NodeFinished,
+                                             TaskStatus, TaskBudget, NodeAdded, NodeStage, NodeFinished,
                                              BestImproved, LLMUsage, LogLine, RunFinished)}
+STORED = (Phase, LogLine, TaskStatus)  # appended to the store's events table by the engine
 
 
 def event_from_json(d: dict) -> Event:

@@ -2,9 +2,10 @@
 
 `kforge tui RUN_DIR` on a headless run cannot receive the engine's in-process events, so
 `StoreFollower` turns what changed in the SQLite store (cheap `max_seq()` poll, then
-`nodes(since_seq=...)`) into the same typed events the live engine emits; the TUI cannot tell the
-difference. `StoreControl` writes UI commands into the store's `commands` table, which the
-owning engine polls. No Textual here.
+`nodes(since_seq=...)` and the `events` table) into the same typed events the live engine emits;
+the TUI cannot tell the difference. `StoreControl` writes UI commands into the store's `commands`
+table, which the owning engine polls — on its own read-write connection, because the follower's
+is read-only. No Textual here.
 """
 from __future__ import annotations
 
@@ -36,12 +37,14 @@ class StoreFollower:
         self.run_dir = str(run_dir)
         self._started = False
         self._finished = False
-        self._seq = 0
+        self._seq = -1
+        self._event_id = 0
+        self._phase_seen = False
         self._have_profile = False
         self._tasks: dict[str, dict] = {}  # last seen task rows
         self._nodes: dict[int, str] = {}  # node id -> last status seen
         self._actions: dict[int, str] = {}  # node id -> last action seen
-        self._llm = {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
+        self._llm: dict = {}
 
     def close(self) -> None:
         close = getattr(self.store, "close", None)
@@ -49,10 +52,14 @@ class StoreFollower:
             close()
 
     def poll(self) -> list[ev.Event]:
+        seq = self.store.max_seq()
+        if seq == self._seq:
+            return []  # nothing was written since the last poll
         out: list[ev.Event] = []
         info = self.store.run_info()
-        if not self._started:
-            self._started = True
+        status = info.get("status")
+        if not self._started or (self._finished and status not in TERMINAL_RUN):  # first, or resumed
+            self._started, self._finished = True, False
             dev = info.get("device") or {}
             if isinstance(dev, str):
                 dev = {"backend": dev, "name": dev}
@@ -65,22 +72,22 @@ class StoreFollower:
             if rows:
                 self._have_profile = True
                 out.append(ev.ProfileReady(rows=rows))
-        seq = self.store.max_seq()
         tasks = self.store.tasks()
         for t in tasks:
             self._task_events(t, out, before_nodes=True)
-        if seq != self._seq:
-            for row in self.store.nodes(since_seq=self._seq):
-                self._node_events(row, out)
-            self._seq = seq
+        for row in self.store.nodes(since_seq=max(self._seq, 0)):
+            self._node_events(row, out)
+        self._seq = seq
         for t in tasks:
             self._task_events(t, out, before_nodes=False)
             self._tasks[t["task_id"]] = t
+        self._stored_events(out, tasks, status)
         self._llm_events(out)
-        status = info.get("status")
         if status in TERMINAL_RUN and not self._finished:
+            from kforge_tui.summary import show_json
+
             self._finished = True
-            out.append(ev.RunFinished(summary={"tasks": tasks, "end_to_end": info.get("end_to_end")},
+            out.append(ev.RunFinished(summary=show_json(self.run_dir, store=self.store),
                                       ts=_ts(info.get("updated"))))
         return out
 
@@ -90,11 +97,13 @@ class StoreFollower:
         old = self._tasks.get(tid)
         if before_nodes:
             task = t.get("task") or {}
-            if old is None or old.get("budget") != t.get("budget"):
+            if old is None:
                 out.append(ev.TaskAdded(task_id=tid, op=t.get("op", ""), shape=list(t.get("shape") or []),
                                         dtype=t.get("dtype", ""), budget=int(t.get("budget") or 0),
                                         calls=int(task.get("calls", 0)), total_us=float(task.get("total_us", 0.0)),
                                         share=float(task.get("share", 0.0))))
+            elif old.get("budget") != t.get("budget"):
+                out.append(ev.TaskBudget(task_id=tid, budget=int(t.get("budget") or 0)))
             if t.get("baseline") and (old is None or old.get("baseline") != t.get("baseline")):
                 b = t["baseline"]
                 out.append(ev.TaskBaseline(task_id=tid, eager_us=_baseline_us(b, "eager") or 0.0,
@@ -126,16 +135,33 @@ class StoreFollower:
                                        ts=_ts(row.get("finished"))))
         self._nodes[nid] = status
 
+    def _stored_events(self, out: list, tasks: list[dict], status: str | None) -> None:
+        """Phases, log lines and task reasons the engine appended to the store (events.STORED)."""
+        kinds = {cls.__name__: cls for cls in ev.STORED}
+        for d in self.store.events(since_id=self._event_id):
+            self._event_id = d.pop("id")
+            cls = kinds.get(d.pop("type", None))
+            if cls is None:
+                continue
+            known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+            try:
+                out.append(cls(**known))
+            except TypeError:  # a record from another kforge version: skip it, keep following
+                continue
+            self._phase_seen = self._phase_seen or cls is ev.Phase
+        if not self._phase_seen and tasks and status not in TERMINAL_RUN:
+            self._phase_seen = True  # a store from before stored events: the search is what runs
+            out.append(ev.Phase(name="search"))
+
     def _llm_events(self, out: list) -> None:
         tot = self.store.llm_totals() or {}
-        dp = int(tot.get("prompt_tokens") or 0) - self._llm["prompt_tokens"]
-        dc = int(tot.get("completion_tokens") or 0) - self._llm["completion_tokens"]
-        dcost = float(tot.get("cost_usd") or 0.0) - self._llm["cost_usd"]
-        if dp or dc or dcost:
-            out.append(ev.LLMUsage(prompt_tokens=dp, completion_tokens=dc, cost_usd=dcost))
-            self._llm = {"prompt_tokens": dp + self._llm["prompt_tokens"],
-                         "completion_tokens": dc + self._llm["completion_tokens"],
-                         "cost_usd": dcost + self._llm["cost_usd"]}
+        if tot.get("calls") and tot != self._llm:
+            self._llm = tot
+            out.append(ev.LLMUsage(prompt_tokens=int(tot.get("prompt_tokens") or 0),
+                                   completion_tokens=int(tot.get("completion_tokens") or 0),
+                                   cost_usd=float(tot.get("cost_usd") or 0.0), calls=int(tot["calls"]),
+                                   failures=int(tot.get("failures") or 0),
+                                   last_error=tot.get("last_error") or ""))
 
 
 def _ts(value) -> float:
@@ -158,14 +184,26 @@ class StoreControl:
     """EngineControl for a run owned by another process: each call becomes a store command.
 
     Command names are the EngineControl method names and args its keyword arguments, so the
-    owning engine can dispatch with `getattr(control, name)(**args)`.
+    owning engine can dispatch with `getattr(control, name)(**args)`. A command the owner has not
+    taken when it exits stays in the table for the next owner (`kforge resume`, or a TUI that
+    resumes the run): nothing sent is lost. Opens its own read-write connection on first use.
     """
 
-    def __init__(self, store) -> None:
-        self.store = store
+    def __init__(self, run_dir) -> None:
+        self.run_dir = str(run_dir)
+        self._store = None
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
 
     def _post(self, name: str, **args) -> None:
-        self.store.post_command(name, args)
+        if self._store is None:
+            from kforge_tui.store import RunStore
+
+            self._store = RunStore.open(self.run_dir)
+        self._store.post_command(name, args)
 
     def pause(self, task_id: str | None = None) -> None:
         self._post("pause", task_id=task_id)
@@ -185,5 +223,5 @@ class StoreControl:
     def repair(self, task_id: str, node_id: int) -> None:
         self._post("repair", task_id=task_id, node_id=int(node_id))
 
-    def request_stop(self) -> None:
-        self._post("request_stop")
+    def request_stop(self, end_to_end: bool | None = None) -> None:
+        self._post("request_stop", end_to_end=end_to_end)

@@ -14,10 +14,22 @@ rows also carry `baseline_us`, `compiled_us`, `floor_us`, `failed` and `pending`
 Why stdlib sqlite3 and not an ORM: the schema is small, and WAL + explicit transactions is all
 the concurrency story needs. Opening is careful: a file is first opened read-only and its
 `meta` table checked, so a corrupt or foreign file is reported (UsageError) and never touched.
+
+Ownership: the process that runs the search holds an `flock` on RUN_DIR/owner.lock (`create`, or
+`open(owner=True)` on resume) until it closes the store; the kernel drops it when the process
+dies, `kill -9` included. `owner_pid()` is how a TUI tells a live run (steer it through the
+`commands` table) from a finished or killed one (resume it and become the owner itself).
+
+Privacy: a run holds the user's captured tensors, outputs and prompts, so the run directory and
+its `captures/` and `cache/` are created 0700 and `run.db` (and SQLite's -wal/-shm, which take
+its mode) 0600. Every created run is also recorded in the user data directory (`register_run`),
+so `kforge runs` finds runs made with `--run-dir` anywhere.
 """
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -30,6 +42,8 @@ from kforge_tui.errors import UsageError
 SCHEMA_NAME = "kforge-run"
 SCHEMA_VERSION = 1
 DB_NAME = "run.db"
+OWNER_LOCK = "owner.lock"
+REGISTRY = "runs.txt"  # in the user data directory: one absolute run directory per line
 
 RUN_STATUSES = ("running", "finished", "stopped", "failed")
 TASK_STATUSES = ("waiting", "searching", "paused", "done", "failed", "stopped")
@@ -128,6 +142,7 @@ class RunStore:
         self.readonly = readonly
         self._con = con
         self._lock = threading.RLock()
+        self._owner_fd: int | None = None
 
     # ------------------------------------------------------------------- open/create
 
@@ -138,12 +153,15 @@ class RunStore:
         path = run_dir / DB_NAME
         if path.exists():
             raise UsageError(f"{run_dir} already holds a run (use `kforge resume {run_dir}`)")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "captures").mkdir(exist_ok=True)
-        (run_dir / "cache").mkdir(exist_ok=True)
+        from kforge_tui.config import private_dir
+
+        for d in (run_dir, run_dir / "captures", run_dir / "cache"):
+            private_dir(d)
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))  # SQLite gives -wal/-shm this mode
         con = cls._connect(path)
         con.execute("PRAGMA journal_mode=WAL")
         store = cls(run_dir, con, readonly=False)
+        store.claim_owner()
         now = time.time()
         with store._tx() as c:
             for stmt in _SCHEMA.split(";"):
@@ -158,7 +176,8 @@ class RunStore:
         return store
 
     @classmethod
-    def open(cls, run_dir, *, readonly: bool = False) -> "RunStore":
+    def open(cls, run_dir, *, readonly: bool = False, owner: bool = False) -> "RunStore":
+        """`owner=True`: this process will run the search (resume); UsageError if another does."""
         run_dir = Path(run_dir)
         if run_dir.name == DB_NAME and run_dir.is_file():
             run_dir = run_dir.parent
@@ -173,7 +192,14 @@ class RunStore:
                 con.execute("PRAGMA journal_mode=WAL")
         except sqlite3.Error as e:
             raise UsageError(f"{path}: cannot open ({e})") from None
-        return cls(run_dir, con, readonly)
+        store = cls(run_dir, con, readonly)
+        if owner:
+            try:
+                store.claim_owner()
+            except BaseException:
+                store.close()
+                raise
+        return store
 
     @staticmethod
     def _connect(path: Path) -> sqlite3.Connection:
@@ -185,6 +211,23 @@ class RunStore:
     def close(self) -> None:
         with self._lock:
             self._con.close()
+            if self._owner_fd is not None:
+                os.close(self._owner_fd)  # drops the flock: the run has no owner any more
+                self._owner_fd = None
+
+    def claim_owner(self) -> None:
+        """Hold RUN_DIR/owner.lock for as long as this store is open (see the module docstring)."""
+        fd = os.open(self.run_dir / OWNER_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise UsageError(f"{self.run_dir} is being run by another kforge process (pid {pid}); "
+                             f"watch and steer it with `kforge tui {self.run_dir}`") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._owner_fd = fd
 
     def __enter__(self) -> "RunStore":
         return self
@@ -251,7 +294,9 @@ class RunStore:
         """Idempotent on task_id (resume); also creates the task's root node."""
         tj = task.to_json() if hasattr(task, "to_json") else dict(task)
         tid = tj["task_id"]
-        shape = tj["inputs"][0]["shape"] or []
+        first = (tj.get("inputs") or [{}])[0]  # plain-JSON tasks: the first input describes the row
+        shape = list(getattr(task, "shape", None) or tj.get("shape") or first.get("shape") or [])
+        dtype = getattr(task, "dtype", None) or tj.get("dtype") or first.get("dtype") or ""
         with self._tx() as c:
             if c.execute("SELECT 1 FROM tasks WHERE task_id = ?", (tid,)).fetchone():
                 return
@@ -259,7 +304,7 @@ class RunStore:
             ord_ = c.execute("SELECT COUNT(*) FROM tasks").fetchone()[0]
             c.execute("INSERT INTO tasks (task_id, ord, op, shape, dtype, task, budget, status, seq)"
                       " VALUES (?, ?, ?, ?, ?, ?, ?, 'waiting', ?)",
-                      (tid, ord_, tj["op"], _dumps(shape), tj["dtype"], _dumps(tj), int(budget),
+                      (tid, ord_, tj["op"], _dumps(shape), dtype, _dumps(tj), int(budget),
                        seq))
             now = time.time()
             c.execute("INSERT INTO nodes (task_id, parent_id, action, proposer, status, message, "
@@ -293,15 +338,19 @@ class RunStore:
     _TASKS_SQL = """
         SELECT t.*,
           (SELECT COUNT(*) FROM nodes n WHERE n.task_id = t.task_id AND n.parent_id IS NOT NULL
-             AND n.status NOT IN ('pending', 'lost')) AS evaluated,
+             AND n.status NOT IN ('pending', 'lost') AND n.action NOT LIKE 'confirm:%') AS evaluated,
           (SELECT COUNT(*) FROM nodes n WHERE n.task_id = t.task_id AND n.parent_id IS NOT NULL
-             AND n.status NOT IN ('pending', 'ok', 'lost')) AS failed,
+             AND n.status NOT IN ('pending', 'ok', 'lost') AND n.action NOT LIKE 'confirm:%') AS failed,
           (SELECT COUNT(*) FROM nodes n WHERE n.task_id = t.task_id
              AND n.status = 'pending') AS pending,
           (SELECT n.id FROM nodes n WHERE n.task_id = t.task_id AND n.parent_id IS NOT NULL
              AND n.status = 'ok' AND n.speedup IS NOT NULL
-             ORDER BY n.speedup DESC, n.id ASC LIMIT 1) AS best_node
+             ORDER BY (n.action LIKE 'confirm:%') DESC, n.speedup DESC, n.id ASC LIMIT 1) AS best_node
         FROM tasks t"""
+    # A task's winner: once the engine has re-timed its best candidates side by side (nodes
+    # whose action is "confirm:#<id>", engine._confirm), the best of those re-timings, so a
+    # lucky draw in the search does not win; before that, the best speedup seen. Re-timings
+    # are not search candidates: they count neither as evaluated nor as failed.
 
     def _task_row(self, r: dict) -> dict:
         base = _loads(r["baseline"])
@@ -425,11 +474,14 @@ class RunStore:
                        float(cost_usd or 0.0), int(bool(ok)), error))
 
     def llm_totals(self) -> dict:
+        """{calls, failures, prompt_tokens, completion_tokens, cost_usd, last_error}: running totals."""
         r = self._q("SELECT COUNT(*) AS calls, COALESCE(SUM(1 - ok), 0) AS failures, "
                     "COALESCE(SUM(prompt_tokens), 0) AS prompt_tokens, "
                     "COALESCE(SUM(completion_tokens), 0) AS completion_tokens, "
                     "COALESCE(SUM(cost_usd), 0.0) AS cost_usd FROM llm_usage")[0]
         r["cost_usd"] = float(r["cost_usd"])
+        last = self._q("SELECT error FROM llm_usage WHERE ok = 0 ORDER BY id DESC LIMIT 1")
+        r["last_error"] = (last[0]["error"] or "") if last else ""
         return r
 
     # ------------------------------------------------------------------- commands
@@ -440,6 +492,11 @@ class RunStore:
             cur = c.execute("INSERT INTO commands (ts, name, args) VALUES (?, ?, ?)",
                             (time.time(), name, _dumps(args or {})))
             return int(cur.lastrowid)
+
+    def untaken_commands(self) -> list[dict]:
+        """Commands no owner has taken yet (read-only: a viewer checks what still waits)."""
+        rows = self._q("SELECT id, ts, name, args FROM commands WHERE taken IS NULL ORDER BY id")
+        return [{"id": r["id"], "ts": r["ts"], "name": r["name"], "args": _loads(r["args"])} for r in rows]
 
     def take_commands(self) -> list[dict]:
         with self._tx() as c:
@@ -470,6 +527,72 @@ class RunStore:
         return out
 
 
+def owner_pid(run_dir) -> int | None:
+    """The pid of the process running this run's search, or None when none is (finished, killed).
+
+    A shared lock succeeds only when no owner holds the exclusive one; it is dropped at once.
+    """
+    path = Path(run_dir) / OWNER_LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None  # never owned (a store from before owner locks), or not readable
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.read(fd, 32).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else -1
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _registry() -> Path:
+    from kforge_tui.config import data_dir
+
+    return data_dir() / REGISTRY
+
+
+def register_run(run_dir) -> None:
+    """Remember a run directory for `kforge runs` (one appended line: safe with concurrent runs)."""
+    from kforge_tui.config import private_dir
+
+    path = _registry()
+    private_dir(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, (str(Path(run_dir).resolve()) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def registered_runs() -> list[Path]:
+    """Run directories recorded by `register_run` that still hold a run store."""
+    try:
+        lines = _registry().read_text().splitlines()
+    except OSError:
+        return []
+    return [Path(p) for p in dict.fromkeys(ln.strip() for ln in lines if ln.strip())
+            if (Path(p) / DB_NAME).is_file()]
+
+
+def run_summary(run_dir) -> dict | None:
+    """run_info() plus run_dir, tasks, evaluated, verified; None for a foreign or corrupt store."""
+    try:
+        with RunStore.open(run_dir, readonly=True) as s:
+            info = s.run_info()
+            tasks = s.tasks()
+    except (UsageError, sqlite3.Error):
+        return None
+    info["run_dir"] = str(run_dir)
+    info["tasks"] = len(tasks)
+    info["evaluated"] = sum(t["evaluated"] for t in tasks)
+    info["verified"] = sum(1 for t in tasks if t["verified"])
+    return info
+
+
 def list_runs(root) -> list[dict]:
     """Every run store under `root` (RUN_DIR/run.db, any depth), newest first.
 
@@ -479,18 +602,6 @@ def list_runs(root) -> list[dict]:
     root = Path(root)
     if not root.is_dir():
         return []
-    out = []
-    for db in root.rglob(DB_NAME):
-        try:
-            with RunStore.open(db.parent, readonly=True) as s:
-                info = s.run_info()
-                tasks = s.tasks()
-        except (UsageError, sqlite3.Error):
-            continue
-        info["run_dir"] = str(db.parent)
-        info["tasks"] = len(tasks)
-        info["evaluated"] = sum(t["evaluated"] for t in tasks)
-        info["verified"] = sum(1 for t in tasks if t["verified"])
-        out.append(info)
+    out = [info for db in root.rglob(DB_NAME) if (info := run_summary(db.parent)) is not None]
     out.sort(key=lambda r: r["created"], reverse=True)
     return out

@@ -10,6 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "install: kforge-tui needs Python 3.11 or newer (tomllib); $PY is $("$PY" -V 2>&1)" >&2
+  exit 2
+fi
 extras="models"
 if [[ "${1:-}" == "--test" ]]; then extras="models,test"; fi
 

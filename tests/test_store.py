@@ -6,6 +6,7 @@ import hashlib
 import os
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 import time
@@ -14,16 +15,22 @@ from pathlib import Path
 import pytest
 
 from kforge_tui.errors import UsageError
-from kforge_tui.store import SCHEMA_NAME, RunStore, list_runs
-from kforge_tui.task import Task, TensorMeta
+from kforge_tui.store import SCHEMA_NAME, RunStore, list_runs, owner_pid, register_run, registered_runs
+from kforge_tui.regions.meta import TensorMeta
+from kforge_tui.regions.task import Task
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
+GRAPH = {"inputs": ["in0"], "nodes": [{"name": "relu", "target": "aten.relu.default",
+                                        "args": [{"ref": "in0"}], "kwargs": {}}],
+         "outputs": [{"ref": "relu"}]}
+
+
 def _task(n=8, op="softmax") -> Task:
-    x = TensorMeta("x", (4, n), "float32", (n, 1))
-    return Task(op, "float32", (x,), TensorMeta("y", (4, n), "float32", (n, 1)), {"dim": -1},
+    x = TensorMeta("in0", (4, n), "float32", (n, 1))
+    return Task(op, "pointwise", GRAPH, (x,), (TensorMeta("out0", (4, n), "float32", (n, 1)),),
                 calls=2)
 
 
@@ -129,7 +136,7 @@ def test_seq_and_incremental_reads(tmp_path):
 def test_llm_usage_commands_events(tmp_path):
     s = _new(tmp_path)
     assert s.llm_totals() == {"calls": 0, "failures": 0, "prompt_tokens": 0,
-                              "completion_tokens": 0, "cost_usd": 0.0}
+                              "completion_tokens": 0, "cost_usd": 0.0, "last_error": ""}
     s.add_llm_usage(model="openai/x", prompt_tokens=100, completion_tokens=20, cost_usd=0.01,
                     ok=True)
     s.add_llm_usage(model="openai/x", prompt_tokens=0, completion_tokens=0, cost_usd=0.0,
@@ -137,6 +144,7 @@ def test_llm_usage_commands_events(tmp_path):
     tot = s.llm_totals()
     assert (tot["calls"], tot["failures"], tot["prompt_tokens"], tot["completion_tokens"]) == \
         (2, 1, 100, 20) and tot["cost_usd"] == pytest.approx(0.01)
+    assert tot["last_error"] == "HTTP 429"  # what the TUI shows next to the counter
 
     ui = RunStore.open(tmp_path / "run")  # a UI in another connection posts commands
     i1 = ui.post_command("pause", {"task_id": None})
@@ -152,6 +160,45 @@ def test_llm_usage_commands_events(tmp_path):
     evs = s.events()
     assert [e["name"] for e in evs] == ["profile", "search"]
     assert [e["name"] for e in s.events(since_id=evs[0]["id"])] == ["search"]
+
+
+def test_a_run_is_readable_by_its_owner_only(tmp_path):
+    """Runs hold captured tensors, outputs and prompts; SQLite gives -wal/-shm run.db's mode."""
+    old = os.umask(0o022)  # a shell's usual umask: the store must not rely on the CLI's 077
+    try:
+        s = _new(tmp_path)
+        s.add_task({"task_id": "t1", "op": "softmax", "inputs": [{"shape": [4, 8], "dtype": "float32"}]}, 5)
+        mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
+        assert mode(s.run_dir) == mode(s.run_dir / "captures") == mode(s.run_dir / "cache") == 0o700
+        for name in ("run.db", "run.db-wal", "run.db-shm", "owner.lock"):
+            assert mode(s.run_dir / name) == 0o600, name
+        s.close()
+    finally:
+        os.umask(old)
+
+
+def test_the_owner_lock_tells_a_live_run_from_a_finished_one(tmp_path):
+    s = _new(tmp_path)  # the creator runs the search until it closes the store
+    assert owner_pid(s.run_dir) == os.getpid()
+    with pytest.raises(UsageError, match=f"being run by another kforge process \\(pid {os.getpid()}\\)"):
+        RunStore.open(s.run_dir, owner=True)
+    s.close()
+    assert owner_pid(s.run_dir) is None
+    with RunStore.open(s.run_dir, owner=True) as again:  # resume: the next owner
+        assert owner_pid(again.run_dir) == os.getpid()
+    assert owner_pid(tmp_path / "never-a-run") is None
+
+
+def test_the_run_registry_lists_live_run_dirs_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    a, b = _new(tmp_path, "a"), _new(tmp_path / "deep" / "er", "b")
+    for s in (a, b, a):
+        register_run(s.run_dir)
+        s.close()
+    assert registered_runs() == [a.run_dir.resolve(), b.run_dir.resolve()]
+    assert stat.S_IMODE((tmp_path / "data" / "kforge" / "runs.txt").stat().st_mode) == 0o600
+    (b.run_dir / "run.db").unlink()
+    assert registered_runs() == [a.run_dir.resolve()]
 
 
 def test_readonly_refuses_writes(tmp_path):
@@ -250,10 +297,13 @@ def test_open_newer_version_refused(tmp_path):
 WRITER = r"""
 import sys, time
 from kforge_tui.store import RunStore
-from kforge_tui.task import Task, TensorMeta
+from kforge_tui.regions.meta import TensorMeta
+from kforge_tui.regions.task import Task
 run_dir, n, pause = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-x = TensorMeta("x", (4, 8), "float32", (8, 1))
-t = Task("softmax", "float32", (x,), TensorMeta("y", (4, 8), "float32", (8, 1)), {"dim": -1})
+x = TensorMeta("in0", (4, 8), "float32", (8, 1))
+g = {"inputs": ["in0"], "nodes": [{"name": "relu", "target": "aten.relu.default",
+     "args": [{"ref": "in0"}], "kwargs": {}}], "outputs": [{"ref": "relu"}]}
+t = Task("softmax", "pointwise", g, (x,), (TensorMeta("out0", (4, 8), "float32", (8, 1)),))
 s = RunStore.create(run_dir, model="m", settings={}, device={}, proposer="builtin")
 s.add_task(t, n)
 print("ready", flush=True)

@@ -17,7 +17,6 @@ from textual.widgets import Static, TextArea
 from kforge_tui.engine import OptimizeSettings
 from kforge_tui.store import RunStore
 from kforge_tui.tui.app import live_app
-from kforge_tui.tui.screens.dialogs import ConfirmScreen
 from kforge_tui.tui.screens.editor import EditorScreen
 from kforge_tui.tui.widgets.tree import SearchTree
 
@@ -66,11 +65,14 @@ def static_text(app, selector: str) -> str:
     return str(w.content if hasattr(w, "content") else w.renderable)
 
 
-async def quit_running(pilot, app) -> None:
-    """The live engine keeps serving after the budget, so q must ask first; y quits."""
+async def quit_after_search(pilot, app) -> None:
+    """After the search, q ends the run (these runs have the end-to-end check off, so nothing to
+    offer) and the app exits once the engine's thread is done."""
     await pilot.press("q")
-    await wait_until(pilot, app, lambda: isinstance(app.screen, ConfirmScreen), "the quit confirmation", 10)
-    await pilot.press("y")
+    end = time.monotonic() + 60
+    while app.is_running and time.monotonic() < end:
+        await asyncio.sleep(0.05)
+    assert not app.is_running, "q did not end the run"
 
 
 async def test_real_engine_fills_table_tree_and_best(tmp_path):
@@ -121,13 +123,13 @@ async def test_real_engine_fills_table_tree_and_best(tmp_path):
             assert cell(table, tid, "eager") == "-"
         status = static_text(app, "#status")
         assert "[cpu]" in status and "built-in" in status and "in flight 0" in status
+        assert status.splitlines()[1].split()[0] == "done"  # the end of the search is shown
+        assert app.host._loop is not asyncio.get_running_loop()  # the engine has its own thread and loop
 
-        await quit_running(pilot, app)
-        for _ in range(100):
-            if app._exit_renderables is not None or not app.is_running:
-                break
-            await asyncio.sleep(0.05)
+        await quit_after_search(pilot, app)
     assert app.return_code == 0
+    with RunStore.open(s.run_dir, readonly=True) as store:
+        assert store.run_info()["status"] == "finished"
 
 
 async def test_edit_submit_evaluates_hand_written_child(tmp_path):
@@ -154,4 +156,4 @@ async def test_edit_submit_evaluates_hand_written_child(tmp_path):
         with RunStore.open(s.run_dir, readonly=True) as store:
             row = store.node(n.node_id)
         assert row["hand_written"] and row["source"] == GOOD_CPP and row["status"] == "ok"
-        await quit_running(pilot, app)
+        await quit_after_search(pilot, app)

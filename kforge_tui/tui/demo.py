@@ -147,33 +147,30 @@ def write_store(run_dir, nodes_per_task: int = 6, *, finish: bool = True, delay:
     import time as _time
 
     from kforge_tui.store import RunStore
-    from kforge_tui.task import Task, TensorMeta
 
     events, rows = scripted_run(nodes_per_task, finish=finish, in_flight=0 if finish else 1)
     store = RunStore.create(run_dir, model="sample_models/resnet50.py", settings={"budget": 64},
                             device={"backend": "cuda", "name": "NVIDIA H200"}, proposer="built-in")
     ids: dict[int, int] = {}
-    tids: dict[str, str] = {}
     try:
         for e in events:
-            if isinstance(e, ev.TaskAdded):
-                meta = TensorMeta("x", tuple(e.shape), e.dtype)
-                task = Task(op=e.op, dtype=e.dtype, inputs=(meta,), output=TensorMeta("y", tuple(e.shape), e.dtype),
-                            backend="cuda", calls=e.calls, total_us=e.total_us, share=e.share)
-                store.add_task(task, e.budget)
-                tids[e.task_id] = task.task_id
+            if isinstance(e, ev.TaskAdded):  # plain task JSON: the demo does not depend on the Task class
+                meta = {"name": "x", "shape": list(e.shape), "dtype": e.dtype}
+                store.add_task({"task_id": e.task_id, "op": e.op, "dtype": e.dtype, "shape": list(e.shape),
+                                "inputs": [meta], "backend": "cuda", "calls": e.calls, "total_us": e.total_us,
+                                "share": e.share}, e.budget)
             elif isinstance(e, ev.TaskBaseline):
                 med = lambda us: {"median_us": us, "p10_us": us, "p90_us": us, "min_us": us, "n": 10}  # noqa: E731
-                store.set_baseline(tids[e.task_id], {"eager": med(e.eager_us), "compiled": med(e.compiled_us),
-                                                     "floor_us": e.floor_us})
+                store.set_baseline(e.task_id, {"eager": med(e.eager_us), "compiled": med(e.compiled_us),
+                                               "floor_us": e.floor_us})
             elif isinstance(e, ev.TaskStatus):
-                store.set_task_status(tids[e.task_id], e.status)
+                store.set_task_status(e.task_id, e.status)
             elif isinstance(e, ev.NodeAdded):
                 if e.action == "root":
-                    ids[e.node_id] = store.root_node(tids[e.task_id])
+                    ids[e.node_id] = store.root_node(e.task_id)
                     continue
                 r = rows[e.node_id]
-                ids[e.node_id] = store.add_node(tids[e.task_id], ids[e.parent_id], action=e.action,
+                ids[e.node_id] = store.add_node(e.task_id, ids[e.parent_id], action=e.action,
                                                 proposer=e.proposer, source=r["source"])
             elif isinstance(e, ev.NodeFinished):
                 r = rows[e.node_id]

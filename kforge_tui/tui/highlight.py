@@ -1,4 +1,4 @@
-"""CUDA / C++ source rendering for the kernel pane: pygments via rich's `Syntax`.
+"""CUDA / C++ / Triton (Python) source rendering for the kernel pane: pygments via rich's `Syntax`.
 
 Chosen over a tree-sitter query on TextArea because pygments ships a maintained CUDA lexer,
 rich's `Syntax` already does line numbers and highlighted lines (the failing compiler line),
@@ -11,12 +11,14 @@ import difflib
 from rich.syntax import Syntax
 from rich.text import Text
 
-LEXERS = {"cuda": "cuda", "cpu": "cpp", "cpp": "cpp", "c++": "cpp"}
+LEXERS = {"cuda": "cuda", "cpu": "cpp", "cpp": "cpp", "c++": "cpp", "triton": "python"}
 
 
 def lexer_for(backend: str | None, source: str = "") -> str:
     if backend in LEXERS:
         return LEXERS[backend]
+    if "@triton.jit" in source or "def kforge_launch(" in source:
+        return "python"
     return "cuda" if ("__global__" in source or "<<<" in source) else "cpp"
 
 

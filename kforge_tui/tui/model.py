@@ -44,7 +44,9 @@ class NodeState:
 
 
 @dataclass
-class TaskState:
+class TaskView:
+    """The UI's picture of one task (an op or region at one shape): a row of the profile table."""
+
     task_id: str
     op: str
     shape: list
@@ -72,6 +74,28 @@ class TaskState:
             return self.compiled_us / self.best_us
         return None
 
+    @property
+    def exhausted(self) -> bool:
+        return self.status == "done" and self.detail.startswith(ev.EXHAUSTED)
+
+    @property
+    def state(self) -> str:
+        """What the row says: the status, with "exhausted" told apart from a spent budget."""
+        return "exhausted" if self.exhausted else self.status
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("done", "failed", "stopped")
+
+    @property
+    def reason(self) -> str:
+        """One line on why the op is where it is (shown under its tree)."""
+        if self.status == "done":
+            return self.detail if self.exhausted else f"done: {self.detail or 'budget spent'}"
+        if self.status in ("failed", "stopped", "paused"):
+            return f"{self.status}: {self.detail}" if self.detail else self.status
+        return ""
+
 
 @dataclass
 class Dirty:
@@ -97,15 +121,20 @@ class RunModel:
         self.device = ""
         self.device_name = ""
         self.proposer = ""
+        self.settings: dict = {}
         self.started: float | None = None
         self.finished: float | None = None
         self.phase = ""
         self.phase_detail = ""
+        self.search_ended: float | None = None  # phase "done": the search is over, rates freeze
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.cost_usd = 0.0
+        self.llm_calls = 0
+        self.llm_failures = 0
+        self.llm_last_error = ""
         self.profile_rows: list[dict] = []
-        self.tasks: dict[str, TaskState] = {}
+        self.tasks: dict[str, TaskView] = {}
         self.nodes: dict[int, NodeState] = {}
         self.in_flight: set[int] = set()
         self.finish_times: deque[float] = deque(maxlen=4096)
@@ -116,17 +145,34 @@ class RunModel:
     def running(self) -> bool:
         return self.started is not None and self.finished is None
 
+    @property
+    def searching(self) -> bool:
+        """The run is before or in its search (not done searching, not integrating, not over)."""
+        return self.running and self.search_ended is None and self.phase not in ("integrate", "failed")
+
+    @property
+    def paused(self) -> bool:
+        """Every op that still has work is paused (pause-all, or each one by hand)."""
+        active = [t for t in self.tasks.values() if not t.finished]
+        return bool(active) and all(t.status == "paused" for t in active)
+
+    def _end(self, now: float | None) -> float:
+        if self.finished is not None:
+            return self.finished
+        if self.search_ended is not None:
+            return self.search_ended
+        return now if now is not None else time.time()
+
     def elapsed(self, now: float | None = None) -> float:
         if self.started is None:
             return 0.0
-        end = self.finished if self.finished is not None else (now if now is not None else time.time())
-        return max(0.0, end - self.started)
+        return max(0.0, self._end(now) - self.started)
 
     def per_minute(self, now: float | None = None) -> float:
-        """Candidates finished per minute over the last five minutes of the run (or all of it)."""
+        """Candidates finished per minute over the last five minutes of the search (or all of it)."""
         if not self.finish_times:
             return 0.0
-        end = self.finished if self.finished is not None else (now if now is not None else time.time())
+        end = self._end(now)
         window = min(300.0, max(1.0, end - (self.started or self.finish_times[0])))
         n = sum(1 for t in self.finish_times if t >= end - window)
         return n * 60.0 / window
@@ -139,12 +185,16 @@ class RunModel:
     # ------------------------------------------------------------------ handlers
     def _on_RunStarted(self, e: ev.RunStarted, d: Dirty) -> None:
         self.run_dir, self.model, self.device = e.run_dir, e.model, e.device
-        self.device_name, self.proposer = e.device_name, e.proposer
-        self.started, self.finished = e.ts, None
+        self.device_name, self.proposer, self.settings = e.device_name, e.proposer, dict(e.settings)
+        self.started, self.finished, self.search_ended = e.ts, None, None
         d.header = True
 
     def _on_Phase(self, e: ev.Phase, d: Dirty) -> None:
         self.phase, self.phase_detail = e.name, e.detail
+        if e.name == "done":
+            self.search_ended = self.search_ended or e.ts
+        elif e.name == "search":
+            self.search_ended = None
         d.header = True
 
     def _on_ProfileReady(self, e: ev.ProfileReady, d: Dirty) -> None:
@@ -153,7 +203,7 @@ class RunModel:
     def _on_TaskAdded(self, e: ev.TaskAdded, d: Dirty) -> None:
         t = self.tasks.get(e.task_id)
         if t is None:
-            self.tasks[e.task_id] = TaskState(e.task_id, e.op, list(e.shape), e.dtype, e.budget,
+            self.tasks[e.task_id] = TaskView(e.task_id, e.op, list(e.shape), e.dtype, e.budget,
                                               e.calls, e.total_us, e.share)
             d.new_tasks = True
         else:
@@ -169,7 +219,16 @@ class RunModel:
     def _on_TaskStatus(self, e: ev.TaskStatus, d: Dirty) -> None:
         t = self.tasks.get(e.task_id)
         if t:
-            t.status, t.detail = e.status, e.detail
+            if e.detail or e.status != t.status:  # a follower's bare status keeps the stored reason
+                t.detail = e.detail
+            t.status = e.status
+            d.tasks.add(e.task_id)
+            d.header = True
+
+    def _on_TaskBudget(self, e: ev.TaskBudget, d: Dirty) -> None:
+        t = self.tasks.get(e.task_id)
+        if t:
+            t.budget = e.budget
             d.tasks.add(e.task_id)
 
     def _on_NodeAdded(self, e: ev.NodeAdded, d: Dirty) -> None:
@@ -231,7 +290,7 @@ class RunModel:
             if t.history:
                 t.history[-1] = max(t.history[-1], e.speedup)
 
-    def _set_best(self, t: TaskState, node_id: int, time_us, speedup, d: Dirty) -> None:
+    def _set_best(self, t: TaskView, node_id: int, time_us, speedup, d: Dirty) -> None:
         old = t.best_node
         t.best_node, t.best_us, t.best_speedup = node_id, time_us, speedup
         d.best.add(t.task_id)
@@ -241,9 +300,9 @@ class RunModel:
             d.nodes.add(old)
 
     def _on_LLMUsage(self, e: ev.LLMUsage, d: Dirty) -> None:
-        self.prompt_tokens += e.prompt_tokens
-        self.completion_tokens += e.completion_tokens
-        self.cost_usd += e.cost_usd
+        """Running totals: shown as they come (adding them up counted every call again)."""
+        self.prompt_tokens, self.completion_tokens, self.cost_usd = e.prompt_tokens, e.completion_tokens, e.cost_usd
+        self.llm_calls, self.llm_failures, self.llm_last_error = e.calls, e.failures, e.last_error
         d.header = True
 
     def _on_LogLine(self, e: ev.LogLine, d: Dirty) -> None:

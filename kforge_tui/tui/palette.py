@@ -1,16 +1,21 @@
-"""Command palette (ctrl+p): every key action of the main screen, plus live theme switching."""
+"""Command palette (ctrl+p): every key action of the main screen, each log tab, and the themes."""
 from __future__ import annotations
 
 from functools import partial
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
+from kforge_tui.tui.widgets.logs import TABS
+
 
 class KforgeCommands(Provider):
     def _commands(self):
         app = self.app
         for b in app.ACTION_BINDINGS:
-            yield (f"{b.description} ({b.key_display or b.key})", partial(app.run_action, b.action), b.description)
+            key = app.keymap.get(b.id) or b.key_display or b.key
+            yield (f"{b.description} ({key})", partial(app.run_action, b.action), b.description)
+        for tab_id, title in TABS:
+            yield (f"Logs: {title}", partial(app.show_log_tab, tab_id), f"show the {title} log tab")
         for name in app.THEME_NAMES:
             yield (f"Theme: {name}", partial(setattr, app, "theme", name), f"switch the colours to {name}")
 

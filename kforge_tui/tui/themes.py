@@ -1,4 +1,7 @@
-"""Themes are data (themes/themes.toml) turned into Textual `Theme`s; the stylesheet sits beside them."""
+"""Themes are data (kforge_tui/themes/themes.toml) turned into Textual `Theme`s; the stylesheet sits beside them.
+
+They live inside the package so a wheel install ships them (a top-level folder would not be).
+"""
 from __future__ import annotations
 
 import tomllib
@@ -6,7 +9,7 @@ from pathlib import Path
 
 from textual.theme import Theme
 
-THEMES_DIR = Path(__file__).resolve().parents[2] / "themes"
+THEMES_DIR = Path(__file__).resolve().parents[1] / "themes"
 CSS_PATH = THEMES_DIR / "kforge.tcss"
 ALIASES = {"dark": "kforge-dark", "light": "kforge-light", "ansi": "kforge-ansi"}
 DEFAULT = "kforge-dark"

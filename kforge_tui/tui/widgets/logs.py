@@ -94,6 +94,17 @@ class LogTabs(Vertical):
     def active(self, tab_id: str) -> None:
         self.query_one(TabbedContent).active = tab_id
 
+    def cycle(self, step: int) -> str:
+        """Show the next (step 1) or previous (-1) tab; returns its title."""
+        ids = [tab_id for tab_id, _ in TABS]
+        i = ids.index(self.active) if self.active in ids else 0
+        self.active = ids[(i + step) % len(ids)]
+        return dict(TABS)[self.active]
+
+    def focus_active(self) -> None:
+        """Focus the visible tab's text, so the arrows and page keys scroll it."""
+        self.query_one(f"#{self.active}", TabPane).query_one(VerticalScroll).focus()
+
     def _set(self, tab_id: str, text) -> None:
         self.query_one(f"#{tab_id}-body", Static).update(text if isinstance(text, Text) else Text(text))
 

@@ -9,6 +9,23 @@ from textual.widgets import Static
 from kforge_tui.tui.highlight import lexer_for, render_diff, render_source
 
 
+def no_source_text(node: dict) -> Text:
+    """A node without a kernel: the root (the reference), one still being proposed, or a proposal
+    that produced no code, for which its own error and the proposer's answer are what there is to read."""
+    if node.get("action") == "root" or node.get("parent_id") is None:
+        return Text("The root is the PyTorch reference: it has no kernel source.", style="dim")
+    status = node.get("status") or "pending"
+    if status == "pending":
+        return Text(f"#{node.get('id')} is still being proposed: no source yet.", style="dim")
+    t = Text()
+    t.append(f"#{node.get('id')} {status}: no kernel source\n", style="bold red")
+    t.append(f"{node.get('message') or '(no message)'}\n")
+    if node.get("response"):
+        t.append("\nThe proposer answered:\n", style="bold")
+        t.append(node["response"])
+    return t
+
+
 class SourceView(VerticalScroll, can_focus=True):
     def compose(self) -> ComposeResult:
         yield Static(Text("Pick a node in the search tree (arrows, enter).", style="dim"), id="source-body")
@@ -21,7 +38,9 @@ class SourceView(VerticalScroll, can_focus=True):
             return
         src = node.get("source")
         if not src:
-            body.update(Text("The root is the PyTorch reference: it has no kernel source.", style="dim"))
+            self.border_subtitle = f"#{node.get('id')} no source"
+            body.update(no_source_text(node))
+            self.call_after_refresh(self.scroll_to, y=0, animate=False)
             return
         self.border_subtitle = f"#{node.get('id')} {'diff vs parent' if diff else lexer_for(backend, src)}"
         if diff:

@@ -27,10 +27,23 @@ class StatusBar(Static):
         t.append(f"[{m.device}] " if m.device else "")
         t.append(m.device_name or m.device or "?")
         t.append("\n")
-        state = "finished" if m.finished else (m.phase or "starting")
-        t.append(f"{state:<9}", style="bold" if m.running else "")
+        t.append(f"{run_state(m):<9}", style=STATE_STYLE.get(run_state(m), "bold" if m.running else ""))
         t.append(f" elapsed {fmt_elapsed(m.elapsed(now))}")
         t.append(f"  {m.per_minute(now):5.1f} cand/min")
         t.append(f"  in flight {len(m.in_flight)}")
         t.append(f"  LLM {m.prompt_tokens + m.completion_tokens:,} tok ${m.cost_usd:.4f}")
+        if m.llm_failures:  # 429s and 5xx after retries: the user should see the provider struggle
+            t.append(f"  {m.llm_failures} failed: {m.llm_last_error}", style="bold red")
         self.update(t)
+
+
+STATE_STYLE = {"paused": "bold magenta", "done": "bold green", "finished": "bold green", "failed": "bold red"}
+
+
+def run_state(m: RunModel) -> str:
+    """One word for the run: its phase, or paused / done (search over) / finished."""
+    if m.finished:
+        return "finished"
+    if m.phase == "search" and m.paused:
+        return "paused"
+    return m.phase or "starting"

@@ -45,6 +45,7 @@ class SearchTree(Tree):
     def __init__(self, **kw) -> None:
         super().__init__("search", **kw)
         self.show_root = False
+        self.auto_expand = False  # enter opens a node (the hint says so); space folds it
         self.guide_depth = 2  # deep trees need the width for labels
         self.task_id: str | None = None
         self.filter = ""

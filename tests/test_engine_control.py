@@ -1,0 +1,272 @@
+"""The engine's side of steering (issue 15), on a real run store and the real engine loop.
+
+The workload step is real (the softmax fixture is loaded, traced and captured once); evaluation and
+proposals are scripted through the Engine's `evaluator=` / `proposer=` seams, so each command's
+effect is exact and fast: pause/resume all or one op, budget, stop, what a finished or exhausted
+op does with them, the stored phases/log/reasons an attached TUI reads, LLM totals, the end of
+the search, private run files, the owner lock, and the engine on its own thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from kforge_tui import events as ev
+from kforge_tui.control import EngineThread
+from kforge_tui.engine import Engine, OptimizeSettings, settings_for_resume
+from kforge_tui.errors import UsageError
+from kforge_tui.store import RunStore, owner_pid, registered_runs
+from scripted_engine import ScriptedEvaluator, ScriptedProposer
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = str(ROOT / "tests" / "fixtures" / "engine" / "softmax_model.py")
+pytestmark = pytest.mark.timeout(180)
+
+
+def settings(run_dir, **kw) -> OptimizeSettings:
+    return OptimizeSettings(model=MODEL, device="cpu", top=1, parallel=1, run_dir=str(run_dir),
+                            end_to_end=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """One real run of the workload step (load, trace, capture) with one scripted candidate."""
+    run = tmp_path_factory.mktemp("prepared") / "run"
+    asyncio.run(Engine(settings(run, budget=1), evaluator=ScriptedEvaluator(),
+                       proposer=ScriptedProposer()).run())
+    return run
+
+
+def resumed(prepared, tmp_path, *, budget: int, serve: bool, proposer=None, sink=None, delay=0.05):
+    """A copy of the prepared run, resumed with another budget: no model work, real store and loop."""
+    run = tmp_path / "run"
+    shutil.copytree(prepared, run)
+    with RunStore.open(run) as s:
+        for t in s.tasks():
+            s.set_budget(t["task_id"], budget)
+    st = settings_for_resume(str(run))
+    st.serve = serve
+    seen: list = []
+    engine = Engine(st, sink or seen.append, evaluator=ScriptedEvaluator(delay), proposer=proposer or ScriptedProposer())
+    return engine, seen, run
+
+
+@contextlib.asynccontextmanager
+async def running(engine):
+    """The engine's run as a task; ended (stop asked, then cancelled) even when an assert fails."""
+    runner = asyncio.ensure_future(engine.run())
+    try:
+        yield runner
+    finally:
+        if not runner.done():
+            engine.request_stop()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(runner, 30)
+
+
+async def until(cond, what: str, timeout: float = 30.0):
+    for _ in range(int(timeout / 0.02)):
+        if cond():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def statuses(seen, tid):
+    return [(e.status, e.detail) for e in seen if isinstance(e, ev.TaskStatus) and e.task_id == tid]
+
+
+def finished_nodes(seen):
+    return [e for e in seen if isinstance(e, ev.NodeFinished) and e.status != "lost"]
+
+
+async def test_pause_all_shows_paused_and_resume_restores(prepared, tmp_path):
+    engine, seen, run = resumed(prepared, tmp_path, budget=60, serve=False)
+    async with running(engine) as runner:
+        await until(lambda: len(finished_nodes(seen)) >= 3, "a few candidates")
+        (tid,) = engine.tasks
+        engine.pause(None)
+        assert statuses(seen, tid)[-1] == ("paused", "paused by the user")
+        assert engine.store.task(tid)["status"] == "paused"
+        await asyncio.sleep(0.3)  # the one in flight finishes, nothing new starts
+        n = len(finished_nodes(seen))
+        await asyncio.sleep(0.5)
+        assert len(finished_nodes(seen)) == n
+        engine.resume(None)
+        assert statuses(seen, tid)[-1][0] == "searching"
+        await until(lambda: len(finished_nodes(seen)) > n + 2, "the search to go on")
+        engine.request_stop()
+        await runner
+
+
+async def test_a_finished_op_keeps_its_status_through_pause_resume_stop(prepared, tmp_path):
+    """P, P, s on a finished op used to leave it 'searching' forever."""
+    engine, seen, run = resumed(prepared, tmp_path, budget=3, serve=True)
+    async with running(engine) as runner:
+        await until(lambda: any(isinstance(e, ev.Phase) and e.name == "done" for e in seen), "the end of the search")
+        (tid,) = engine.tasks
+        before = statuses(seen, tid)
+        assert before[-1] == ("done", "budget of 3 spent")
+        engine.pause(tid)
+        engine.resume(tid)
+        engine.stop_task(tid)
+        await asyncio.sleep(0.3)
+        assert statuses(seen, tid) == before and engine.store.task(tid)["status"] == "done"
+        engine.request_stop()
+        summary = await runner
+        with RunStore.open(run, readonly=True) as s:
+            assert s.run_info()["status"] == "finished"  # quitting after a complete search is not "stopped"
+        assert summary["tasks"][0]["evaluated"] == 3
+
+
+async def test_budget_reaches_the_ui_and_restarts_a_finished_search(prepared, tmp_path):
+    engine, seen, run = resumed(prepared, tmp_path, budget=2, serve=True)
+    async with running(engine) as runner:
+        await until(lambda: any(isinstance(e, ev.Phase) and e.name == "done" for e in seen), "the end of the search")
+        (tid,) = engine.tasks
+        engine.add_budget(tid, 3)
+        assert [(e.task_id, e.budget) for e in seen if isinstance(e, ev.TaskBudget)] == [(tid, 5)]
+        assert engine.store.task(tid)["budget"] == 5
+        await until(lambda: engine.store.task(tid)["evaluated"] == 5 and statuses(seen, tid)[-1][0] == "done",
+                    "three more candidates")
+        phases = [e.name for e in seen if isinstance(e, ev.Phase)]
+        assert phases[-3:] == ["done", "search", "done"]  # the UI sees the search start and end again
+        engine.request_stop()
+        await runner
+
+
+async def test_an_exhausted_op_says_why_and_refuses_budget(prepared, tmp_path):
+    engine, seen, run = resumed(prepared, tmp_path, budget=20, serve=True, proposer=ScriptedProposer(ideas=2))
+    async with running(engine) as runner:
+        await until(lambda: any(isinstance(e, ev.Phase) and e.name == "done" for e in seen), "the end of the search")
+        (tid,) = engine.tasks
+        status, detail = statuses(seen, tid)[-1]
+        assert status == "done" and detail.startswith(ev.EXHAUSTED) and "nothing new to try" in detail
+        assert any(isinstance(e, ev.LogLine) and e.level == "warning" and detail in e.message for e in seen)
+        engine.add_budget(tid, 10)
+        assert not any(isinstance(e, ev.TaskBudget) for e in seen)
+        assert engine.store.task(tid)["budget"] == 20
+        assert any(isinstance(e, ev.LogLine) and "budget not raised" in e.message and ev.EXHAUSTED in e.message
+                   for e in seen)
+        engine.request_stop()
+        await runner
+
+
+async def test_llm_usage_events_are_running_totals_and_failures_are_logged(prepared, tmp_path):
+    engine, seen, run = resumed(prepared, tmp_path, budget=7, serve=False, proposer=ScriptedProposer(fail_every=3))
+    await engine.run()
+    usage = [e for e in seen if isinstance(e, ev.LLMUsage)]
+    with RunStore.open(run, readonly=True) as s:
+        totals = s.llm_totals()
+    last = usage[-1]
+    assert (last.prompt_tokens, last.completion_tokens, last.calls, last.failures) == \
+        (totals["prompt_tokens"], totals["completion_tokens"], totals["calls"], totals["failures"])
+    assert [u.prompt_tokens for u in usage] == sorted(u.prompt_tokens for u in usage)  # totals only grow
+    assert last.failures >= 2 and last.last_error.startswith("HTTP 429")
+    assert any(isinstance(e, ev.LogLine) and e.level == "warning" and e.message.startswith("LLM call failed: HTTP 429")
+               for e in seen)
+
+
+async def test_phases_log_and_reasons_are_in_the_store_for_attached_tuis(prepared, tmp_path):
+    engine, seen, run = resumed(prepared, tmp_path, budget=3, serve=False)
+    await engine.run()
+    with RunStore.open(run, readonly=True) as s:
+        stored = s.events()
+    kinds = {d["type"] for d in stored}
+    assert kinds <= {"Phase", "LogLine", "TaskStatus"}
+    assert [d["name"] for d in stored if d["type"] == "Phase"][-2:] == ["done", "done"]
+    assert any(d["type"] == "TaskStatus" and d["detail"] == "budget of 3 spent" for d in stored)
+    assert any(d["type"] == "LogLine" and d["message"].startswith("resumed 1 regions") for d in stored)
+
+
+def test_a_new_run_is_private_and_registered(prepared, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    run = tmp_path / "run"
+    asyncio.run(Engine(settings(run, budget=1), evaluator=ScriptedEvaluator(), proposer=ScriptedProposer()).run())
+    mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
+    assert mode(run) == mode(run / "captures") == mode(run / "cache") == 0o700
+    assert mode(run / "run.db") == 0o600
+    assert registered_runs() == [run.resolve()]
+    assert owner_pid(run) is None  # released at the end of the run
+    assert oct(mode(prepared)) == "0o700"
+
+
+def test_a_mistyped_model_leaves_no_run_dir_behind(tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(UsageError, match="not found"):
+        asyncio.run(Engine(OptimizeSettings(model=str(tmp_path / "modle.py"), device="cpu", run_dir=str(run)),
+                           evaluator=ScriptedEvaluator(), proposer=ScriptedProposer()).run())
+    assert not run.exists()
+    given = tmp_path / "given"  # a directory the user made: it stays, empty
+    given.mkdir()
+    with pytest.raises(UsageError):
+        asyncio.run(Engine(OptimizeSettings(model=str(tmp_path / "modle.py"), device="cpu", run_dir=str(given)),
+                           evaluator=ScriptedEvaluator(), proposer=ScriptedProposer()).run())
+    assert given.is_dir() and list(given.iterdir()) == []
+
+
+def test_the_engine_on_its_own_thread_obeys_and_stops(prepared, tmp_path):
+    """What the TUI does: the engine on its own thread and loop, commands from this thread."""
+    box: dict = {}
+
+    def make(sink):
+        box["engine"], box["seen"], box["run"] = resumed(prepared, tmp_path, budget=200, serve=True, sink=sink)
+        return box["engine"]
+
+    seen: list = []
+    threads: set = set()
+    host = EngineThread(make, lambda e: (seen.append(e), threads.add(threading.current_thread())))
+    t = threading.Thread(target=host.run)
+    t.start()
+    try:
+        for _ in range(1500):
+            if sum(isinstance(e, ev.NodeFinished) for e in seen) >= 3:
+                break
+            threading.Event().wait(0.02)
+        assert threads == {t}  # events (and the store writes before them) come from the engine's thread
+        host.pause(None)
+        tid = next(iter(box["engine"].tasks))
+        with RunStore.open(box["run"], readonly=True) as s:
+            assert s.task(tid)["status"] == "paused"
+        host.add_budget(tid, 5)
+        assert any(isinstance(e, ev.TaskBudget) and e.budget == 205 for e in seen)
+        host.cancel()
+        assert host.join(30)
+    finally:
+        host.cancel()  # also when an assert above failed: never leave the engine thread running
+        t.join(30)
+    with RunStore.open(box["run"], readonly=True) as s:
+        assert s.run_info()["status"] == "stopped"
+    assert owner_pid(box["run"]) is None
+    with pytest.raises(RuntimeError, match="not running"):
+        host.pause(None)
+
+
+HOLD = "import sys, time; from kforge_tui.store import RunStore; s = RunStore.open(sys.argv[1], owner=True); " \
+       "print('held', flush=True); time.sleep(60)"
+
+
+def test_resume_is_refused_while_another_process_runs_the_search(prepared, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(prepared, run)
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        with pytest.raises(UsageError, match=f"being run by another kforge process \\(pid {proc.pid}\\)"):
+            asyncio.run(Engine(settings_for_resume(str(run)), evaluator=ScriptedEvaluator(),
+                               proposer=ScriptedProposer()).run())
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    with RunStore.open(run, readonly=True) as s:
+        assert s.pending_nodes() == [] and s.run_info()["status"] == "finished"  # untouched
