@@ -33,7 +33,34 @@ sys.path.insert(0, str(ROOT))
 
 
 def liger_callable(task):
-    """A closure running Liger's kernel for this task, or None where Liger has no such op."""
+    """A closure running Liger's kernel for a region task bound to a named pattern (`fn(named)`
+    with the pattern's inputs by name), or None where Liger has no such op."""
+    from kforge_tui.regions import patterns
+
+    b = patterns.binding_of(task) if hasattr(task, "graph") else None
+    if b is None:
+        return None
+    return _liger_for_pattern(b.op_task)
+
+
+def named_inputs(task, inputs: list) -> dict:
+    """The pattern's named inputs (x, weight, ...) viewed out of the region's input tensors."""
+    from kforge_tui.regions import patterns
+
+    b = patterns.binding_of(task)
+    out = {}
+    for m in b.op_task.inputs:
+        ref = b.inputs.get(m.name)
+        if ref is None:
+            out[m.name] = None
+            continue
+        i, off = ref
+        src = inputs[i]
+        out[m.name] = src.as_strided(tuple(m.shape), tuple(m.strides), src.storage_offset() + off)
+    return out
+
+
+def _liger_for_pattern(task):
     try:
         from liger_kernel.transformers import functional as LF
     except Exception as e:  # not installed: the column says so
@@ -65,37 +92,36 @@ def t_has(task, name):
 
 
 def time_liger(task, run_dir, fn):
-    """Liger with the product's timing loop; its output is checked once against the reference."""
+    """Liger timed in this process (CUDA events, L2 flushed, median) on the region's first
+    captured call; its output is checked once against the region's reference."""
     import torch
 
-    from kforge_tui.sandbox.backends.cuda import CudaBackend
-    from kforge_tui.sandbox.bench import time_calls
-    from kforge_tui.sandbox.verify import build_sets, tolerance
-    from kforge_tui.task import load_calls
-    from kforge_tui.workload import catalogue
+    from kforge_tui.regions.task import load_calls
+    from kforge_tui.workload.profile import _Timer, random_inputs
 
-    be = CudaBackend(0)
-    with torch.inference_mode(), be.stream_context():
-        sets, _ = build_sets(task, load_calls(run_dir, task.task_id)[:1], 4, be.device, 7,
-                             lambda inp: catalogue.reference(task, inp), min_sets=4)
-        s0 = sets[0]
+    calls = load_calls(run_dir, task.task_id)[:1]
+    inputs = ([x.cuda() if x is not None else None for x in calls[0]["inputs"]] if calls
+              else random_inputs(task, "cuda"))
+    named = named_inputs(task, inputs)
+    with torch.inference_mode():
         try:
-            got = fn(s0.tensors())
-            be.sync()
+            got = fn(named)
+            torch.cuda.synchronize()
         except Exception as e:
             return None, f"refused: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
-        atol, rtol = tolerance(task.output.dtype)
-        ok = torch.allclose(got.float().reshape(s0.expected.shape), s0.expected.float(), atol=atol * 4,
-                            rtol=rtol * 4)
-        timing, _ = time_calls(be, lambda s: fn(s.tensors()), sets)
-    return timing.median_us, ("" if ok else "output differs beyond tolerance")
+        want = task.reference(inputs)[0]
+        ok = torch.allclose(got.float().reshape(want.shape), want.float(), atol=4e-5, rtol=4e-4) \
+            if want.dtype == torch.float32 else torch.allclose(got.float().reshape(want.shape),
+                                                              want.float(), atol=3e-2, rtol=6e-2)
+        t = _Timer("cuda")(lambda: fn(named), budget_s=0.4)
+    return t, ("" if ok else "output differs beyond tolerance")
 
 
 async def evaluate_run(run_dir: str, rows: list, with_liger: bool) -> None:
     from kforge_tui.engine import _cache_dir
     from kforge_tui.sandbox.pool import EvaluatorPool
     from kforge_tui.store import RunStore
-    from kforge_tui.task import Task
+    from kforge_tui.regions.task import Task
 
     store = RunStore.open(run_dir, readonly=True)
     pool = EvaluatorPool("cuda", cache_dir=_cache_dir())

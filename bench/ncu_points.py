@@ -19,7 +19,7 @@ import torch  # noqa: E402
 from check_families_gpu import TD, check, compile_one, inputs_for, kernel_call, make  # noqa: E402
 
 from kforge_tui.search.families import get_family  # noqa: E402
-from kforge_tui.workload import catalogue  # noqa: E402
+from kforge_tui.regions import patterns  # noqa: E402
 
 GN512 = lambda: make("group_norm", (1, 512, 128, 128), "float32", groups=32)  # noqa: E731
 LN = lambda: make("layer_norm", (8192, 4096), "bfloat16")  # noqa: E731
@@ -63,7 +63,7 @@ def main() -> int:
             for _ in range(2):
                 out = fn(inp)
             torch.cuda.synchronize()
-            print(f"[{i}] {name} liger: {check(task, out, catalogue.reference(task, inp)) or 'ok'}", flush=True)
+            print(f"[{i}] {name} liger: {check(task, out, patterns.reference(task, inp)) or 'ok'}", flush=True)
             continue
         fam = get_family(fam_name, "cuda")
         p = {**fam.default(task), **over}
@@ -72,7 +72,7 @@ def main() -> int:
             print(f"{name} {fam_name} {p}: compile failed {log[:200]}")
             continue
         inp = inputs_for(task, torch.Generator(device="cuda").manual_seed(i))
-        ref = catalogue.reference(task, inp)
+        ref = patterns.reference(task, inp)
         y = torch.full(task.output.shape, float("nan"), dtype=TD[task.output.dtype], device="cuda")
         call = kernel_call(task, so, inp, y)
         for _ in range(2):
