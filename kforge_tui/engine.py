@@ -95,6 +95,7 @@ class SearchState:
     status: str = "waiting"  # the last status written to the store (store.TASK_STATUSES)
     exhausted: str = ""  # set when no node at all could be expanded in this round of search
     infra_failures: int = 0  # infrastructure failures in a row (not charged; 3 stop the task)
+    confirm_of: dict = field(default_factory=dict)  # re-timing node id -> the node it re-timed
 
 
 class Engine:
@@ -323,9 +324,10 @@ class Engine:
         for t in self.store.tasks():
             task = Task.from_json(t["task"])
             # re-timings of finished searches are not search candidates: the tree leaves them out
-            rows = [r for r in self.store.nodes(task.task_id) if r["status"] != "lost"
-                    and not (r.get("action") or "").startswith("confirm:")]
+            every = [r for r in self.store.nodes(task.task_id) if r["status"] != "lost"]
+            rows = [r for r in every if not (r.get("action") or "").startswith("confirm:")]
             ts = self._add_task_state(task, t["budget"], root_id=None, rows=rows)
+            ts.confirm_of = {r["id"]: r["parent_id"] for r in every if r not in rows}
             ts.baseline = t.get("baseline")
         self.log(f"resumed {len(self.tasks)} regions from {self.run_dir}")
 
@@ -357,7 +359,7 @@ class Engine:
 
     # ----------------------------------------------------------------- search
 
-    async def _search_task(self, ts: SearchState) -> None:
+    async def _search_task(self, ts: SearchState, confirm: bool = True) -> None:
         tid = ts.task.task_id
         if ts.tree.done() and not ts.hand and not ts.repairs:
             if ts.status not in ("done", "failed", "stopped"):
@@ -399,7 +401,7 @@ class Engine:
             await asyncio.gather(*ts.inflight, return_exceptions=True)
         if self._exhausted(ts) and not ts.stopped:
             self.log(f"{tid}: {self._exhausted(ts)}", "warning")
-        if not ts.stopped and not self._stop and ts.tree.best() is not None:
+        if confirm and not ts.stopped and not self._stop and ts.tree.best() is not None:
             await self._confirm(ts)
         if ts.stopped:
             self._set_status(ts, "stopped", "stopped by the user")
@@ -417,7 +419,7 @@ class Engine:
         noisy ratios does not win by luck. Re-timings are stored as `confirm:#<id>` children,
         not charged to the budget and not part of the MCTS tree."""
         tid = ts.task.task_id
-        confirmed = {v.parent_id for v in ts.views.values() if v.action.startswith("confirm:")}
+        confirmed = set(ts.confirm_of.values())
         top = sorted((v for v in ts.views.values() if v.status == "ok" and v.speedup and v.source
                       and v.parent_id is not None and not v.action.startswith("confirm:")
                       and v.node_id not in confirmed),
@@ -429,6 +431,7 @@ class Engine:
             node_id = self.store.add_node(tid, v.node_id, action=action, proposer="kforge",
                                           source=v.source, params=v.params, status="pending")
             ts.views[node_id] = NodeView(node_id, v.node_id, action, v.source, params=v.params)
+            ts.confirm_of[node_id] = v.node_id
             self.emit(ev.NodeAdded(task_id=tid, node_id=node_id, parent_id=v.node_id, action=action,
                                    proposer="kforge"))
             try:
@@ -438,22 +441,23 @@ class Engine:
                 self.store.finish_node(node_id, status="lost", message=f"re-timing failed: {e}",
                                        result=None, reward=_fail_reward())
                 continue
-            if r.infra:
+            if r.status == "infra_error":
                 self.store.finish_node(node_id, status="lost", message=f"not re-timed: {r.message}",
                                        result=None, reward=_fail_reward())
                 continue
-            time_us = r.timing.median_us if r.ok and r.timing else None
+            ok = r.status == "ok"
+            time_us = r.timing.median_us if ok and r.timing else None
             self.store.finish_node(node_id, status=r.status, message=r.message, result=r.to_json(),
-                                   reward=_fail_reward() if not r.ok else 0.0, time_us=time_us,
-                                   speedup=r.speedup)
+                                   reward=_fail_reward() if not ok else 0.0, time_us=time_us,
+                                   speedup=r.speedup if ok else None)
             view = ts.views[node_id]
             view.status, view.message, view.time_us, view.speedup = r.status, r.message, time_us, r.speedup
             self.emit(ev.NodeFinished(task_id=tid, node_id=node_id, status=r.status, message=r.message,
                                       time_us=time_us, speedup=r.speedup, reward=0.0))
             self.log(f"{tid}: #{v.node_id} re-timed side by side: "
-                     + (f"{v.speedup:.2f}x in the search, {r.speedup:.2f}x now" if r.ok and r.speedup
+                     + (f"{v.speedup:.2f}x in the search, {r.speedup:.2f}x now" if ok and r.speedup
                         else f"failed now ({r.status}: {r.message})"),
-                     "info" if r.ok else "warning")
+                     "info" if ok else "warning")
 
     def _reason(self, ts: SearchState) -> str:
         """Why a task's search ended, in the words the TUI shows under its tree."""
@@ -670,7 +674,9 @@ class Engine:
                 (not ts.tree.done() and not ts.stopped)]
         if work:
             self.emit(ev.Phase(name="search", detail=f"{len(work)} regions"))
-            await asyncio.gather(*(self._search_task(ts) for ts in work))
+            # hand-written kernels and repairs after the search: evaluated, not re-timed (the
+            # winner rule weighs an unconfirmed candidate by its own figure)
+            await asyncio.gather(*(self._search_task(ts, confirm=False) for ts in work))
             self.emit(ev.Phase(name="done", detail="the search is over"))
             return
         try:
@@ -779,16 +785,25 @@ class Engine:
             self._set_status(ts, "stopped", "stopped by the user")
         self._wake(task_id)
 
+    @staticmethod
+    def _in_tree(ts: SearchState, node_id: int) -> int | None:
+        """The tree node a UI command names: a re-timing (`confirm:`) stands for the node it
+        re-timed, which is what the search tree holds."""
+        node_id = ts.confirm_of.get(node_id, node_id)
+        return node_id if ts.tree.nodes.get(node_id) is not None else None
+
     def submit_source(self, task_id: str, parent_id: int, source: str) -> None:
         ts = self.tasks.get(task_id)
-        if ts is not None and ts.tree.nodes.get(parent_id) is not None:
-            ts.hand.append((parent_id, source))
+        pid = self._in_tree(ts, parent_id) if ts is not None else None
+        if pid is not None:
+            ts.hand.append((pid, source))
             self._wake(task_id)
 
     def repair(self, task_id: str, node_id: int) -> None:
         ts = self.tasks.get(task_id)
-        if ts is not None and ts.tree.nodes.get(node_id) is not None:
-            ts.repairs.append(node_id)
+        nid = self._in_tree(ts, node_id) if ts is not None else None
+        if nid is not None:
+            ts.repairs.append(nid)
             self._wake(task_id)
 
     def request_stop(self, end_to_end: bool | None = None) -> None:

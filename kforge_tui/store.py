@@ -343,14 +343,20 @@ class RunStore:
              AND n.status NOT IN ('pending', 'ok', 'lost') AND n.action NOT LIKE 'confirm:%') AS failed,
           (SELECT COUNT(*) FROM nodes n WHERE n.task_id = t.task_id
              AND n.status = 'pending') AS pending,
-          (SELECT n.id FROM nodes n WHERE n.task_id = t.task_id AND n.parent_id IS NOT NULL
-             AND n.status = 'ok' AND n.speedup IS NOT NULL
-             ORDER BY (n.action LIKE 'confirm:%') DESC, n.speedup DESC, n.id ASC LIMIT 1) AS best_node
+          (SELECT COALESCE(c.id, n.id) FROM nodes n
+             LEFT JOIN nodes c ON c.parent_id = n.id AND c.action LIKE 'confirm:%'
+                               AND c.status NOT IN ('pending', 'lost')
+             WHERE n.task_id = t.task_id AND n.parent_id IS NOT NULL AND n.status = 'ok'
+               AND n.speedup IS NOT NULL AND n.action NOT LIKE 'confirm:%'
+               AND (c.id IS NULL OR c.status = 'ok')
+             ORDER BY COALESCE(c.speedup, n.speedup) DESC, n.id ASC LIMIT 1) AS best_node
         FROM tasks t"""
-    # A task's winner: once the engine has re-timed its best candidates side by side (nodes
-    # whose action is "confirm:#<id>", engine._confirm), the best of those re-timings, so a
-    # lucky draw in the search does not win; before that, the best speedup seen. Re-timings
-    # are not search candidates: they count neither as evaluated nor as failed.
+    # A task's winner: each verified candidate counts with its side-by-side re-timing when it
+    # has one (a child whose action is "confirm:#<id>", engine._confirm) and with its own figure
+    # otherwise; a candidate whose re-timing failed is out. The winner row is the re-timing
+    # itself when there is one, so a lucky draw in the search does not win. Re-timings are not
+    # search candidates: they count neither as evaluated nor as failed. (tui/model.py's
+    # `_winner` applies the same rule to the live view.)
 
     def _task_row(self, r: dict) -> dict:
         base = _loads(r["baseline"])

@@ -111,6 +111,31 @@ def test_create_and_read_everything(tmp_path):
     s.close()
 
 
+def test_the_winner_counts_side_by_side_re_timings_and_not_lucky_draws(tmp_path):
+    s = _new(tmp_path)
+    t = _task()
+    s.add_task(t, budget=5)
+
+    def node(speedup, parent=None, action="x", status="ok"):
+        i = s.add_node(t.task_id, parent, action=action, proposer="builtin", source="src")
+        s.finish_node(i, status=status, message="", result=None, reward=0.0,
+                      time_us=10.0 / speedup if speedup else None, speedup=speedup)
+        return i
+
+    a, b = node(2.0), node(1.5)
+    assert s.task(t.task_id)["best_node"] == a  # before any re-timing: the best figure seen
+    ca = node(1.2, a, f"confirm:#{a}")  # a was a lucky draw
+    cb = node(1.4, b, f"confirm:#{b}")
+    row = s.task(t.task_id)
+    assert row["best_node"] == cb and row["speedup"] == pytest.approx(1.4)
+    assert row["evaluated"] == 2  # re-timings are not candidates
+    c = node(1.45)  # a later candidate, not re-timed: counts with its own figure
+    assert s.task(t.task_id)["best_node"] == c
+    node(None, c, f"confirm:#{c}", status="verify_error")  # its re-check failed: it is out
+    assert s.task(t.task_id)["best_node"] == cb and s.task(t.task_id)["failed"] == 0
+    assert ca != cb
+
+
 def test_create_refuses_existing_run(tmp_path):
     _new(tmp_path).close()
     with pytest.raises(UsageError, match="already holds a run"):

@@ -73,7 +73,11 @@ async def test_edit_on_a_finished_run_is_saved_then_evaluated_by_this_tui(finish
         hand = lambda: [n for n in store_nodes(run) if n["hand_written"]]  # noqa: E731
         await until(pilot, lambda: hand() and hand()[0]["status"] == "ok", "the hand-written kernel evaluated")
         (node,) = hand()
-        assert node["parent_id"] == parent and node["source"] == "// written by hand\n"
+        # the run opened on its winner, a side-by-side re-timing: the edit is a child of the
+        # candidate it re-timed (the node the search tree holds)
+        opened = next(n for n in store_nodes(run) if n["id"] == parent)
+        want = opened["parent_id"] if opened["action"].startswith("confirm:") else parent
+        assert node["parent_id"] == want and node["source"] == "// written by hand\n"
         (saved,) = (run / "edits").iterdir()
         assert saved.read_text() == "// written by hand\n"
         assert app.host is not None and app.host.running and not app.follow  # this TUI owns the run now
@@ -96,7 +100,8 @@ async def test_budget_on_a_finished_run_resumes_the_search_here(finished_run, tm
         await pilot.press("b")
         assert isinstance(app.screen, PromptScreen)
         await pilot.press(*["backspace"] * 4, "3", "enter")
-        done = lambda: len([n for n in store_nodes(run) if n["parent_id"] is not None]) == 5  # noqa: E731
+        done = lambda: len([n for n in store_nodes(run) if n["parent_id"] is not None  # noqa: E731
+                            and not n["action"].startswith("confirm:")]) == 5
         await until(pilot, done, "three more candidates")
         await until(pilot, lambda: app.model.phase == "done", "the end of the new search")
         t = app.model.tasks[app.task_id]

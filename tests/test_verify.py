@@ -635,3 +635,21 @@ def test_host_saved_sets_use_keyed_hashes_for_inputs():
     b = torch.arange(4099, dtype=torch.uint8)
     c = b.clone(); c[4098] ^= 1
     assert verify.checksum(b, 7) != verify.checksum(c, 7) and verify.checksum(b, 7) != verify.checksum(b, 8)
+
+
+def test_edge_judge_allows_the_regions_own_sensitivity_not_more():
+    """Ill-conditioned edge cases (a layer_norm of a row of equal values divides rounding noise by
+    sqrt(eps)): PyTorch's own error can be zero by luck of its summation order, so the judge also
+    allows 8x how far one-ulp input changes move PyTorch's result; a larger error still fails."""
+    from kforge_tui.sandbox.verify import judge_f64
+
+    g = torch.Generator().manual_seed(0)
+    ref64 = torch.randn(4096, generator=g, dtype=torch.float64)
+    lucky = ref64.float()  # PyTorch happens to be exact here
+    noise = 3e-3 * torch.randn(4096, generator=g, dtype=torch.float64)
+    sensitive = (ref64 + noise).float()  # what one-ulp input changes do to PyTorch's result
+    honest = (ref64 + 0.5 * noise.flip(0)).float()  # another rounding, as sensitive
+    assert judge_f64(ref64, lucky, honest, "float32", "edge") is not None  # without the sensitivity
+    assert judge_f64(ref64, lucky, honest, "float32", "edge", pert=sensitive) is None
+    wrong = (ref64 + 40 * noise).float()  # far beyond what rounding explains
+    assert judge_f64(ref64, lucky, wrong, "float32", "edge", pert=sensitive) is not None

@@ -82,8 +82,8 @@ class Kernel:
         n = 3 if self.cuda else 2
         self.fn = ctypes.CFUNCTYPE(ctypes.c_int, *([ctypes.c_void_p] * n))(
             ctypes.cast(cfn, ctypes.c_void_p).value)
-        self._ins = (ctypes.c_void_p * max(1, len(self.inputs)))()
-        self._outs = (ctypes.c_void_p * max(1, len(self.outputs)))()
+        self._ins_t = ctypes.c_void_p * max(1, len(self.inputs))
+        self._outs_t = ctypes.c_void_p * max(1, len(self.outputs))
 
     def matches(self, tensors) -> bool:
         if len(tensors) != len(self.inputs):
@@ -99,15 +99,15 @@ class Kernel:
     def launch(self, tensors) -> list:
         device = tensors[0].device if tensors else torch.device("cuda" if self.cuda else "cpu")
         outs = self.empty_outputs(device)
-        for i, t in enumerate(tensors):
-            self._ins[i] = t.data_ptr()
-        for j, t in enumerate(outs):
-            self._outs[j] = t.data_ptr()
+        # pointer arrays per call (about a microsecond): the host reads them only during the
+        # launch, and a kernel object shared by two threads must not share them
+        ins = self._ins_t(*[t.data_ptr() for t in tensors])
+        outp = self._outs_t(*[t.data_ptr() for t in outs])
         if self.cuda:
             stream = torch.cuda.current_stream(device).cuda_stream
-            rc = self.fn(ctypes.addressof(self._ins), ctypes.addressof(self._outs), stream)
+            rc = self.fn(ctypes.addressof(ins), ctypes.addressof(outp), stream)
         else:
-            rc = self.fn(ctypes.addressof(self._ins), ctypes.addressof(self._outs))
+            rc = self.fn(ctypes.addressof(ins), ctypes.addressof(outp))
         if rc != 0:
             raise RuntimeError(f"kforge kernel {self.task_id} returned error {rc}")
         return outs

@@ -272,23 +272,52 @@ class RunModel:
         d.header = True
         if was_done:
             return
-        self.finish_times.append(e.ts)
         t = self.tasks.get(e.task_id)
+        if n.action.startswith("confirm:"):
+            # a side-by-side re-timing of a finished search (engine._confirm): not a candidate,
+            # but it replaces its parent's figure in the choice of the winner
+            if t:
+                self._winner(t, d)
+            return
+        self.finish_times.append(e.ts)
         if t:
             t.evaluated += 1
             if n.failed:
                 t.failed += 1
-            if e.status == "ok" and e.speedup is not None and (t.best_speedup is None or e.speedup > t.best_speedup):
-                self._set_best(t, e.node_id, e.time_us, e.speedup, d)
+            if e.status == "ok" and e.speedup is not None:
+                self._winner(t, d)
             t.history.append(t.best_speedup or 0.0)
             d.tasks.add(e.task_id)
 
+    def _winner(self, t: TaskView, d: Dirty) -> None:
+        """The store's rule (store._TASKS_SQL): each verified candidate with its re-timing when
+        it has one, a candidate whose re-timing failed left out; the re-timing row wins."""
+        best = None  # (speedup, node)
+        nodes = [self.nodes[i] for i in t.node_ids if i in self.nodes]
+        confirms: dict[int, list] = {}
+        for c in nodes:
+            if c.action.startswith("confirm:") and not c.in_flight and c.status != "lost":
+                confirms.setdefault(c.parent_id, []).append(c)
+        for n in nodes:
+            if n.action == "root" or n.action.startswith("confirm:") or n.status != "ok" \
+                    or n.speedup is None:
+                continue
+            conf = confirms.get(n.node_id, [])
+            if any(c.status != "ok" for c in conf):
+                continue
+            cand = max(((c.speedup, c) for c in conf if c.speedup is not None), default=(n.speedup, n),
+                       key=lambda x: x[0])
+            if best is None or cand[0] > best[0]:
+                best = cand
+        if best is not None and best[1].node_id != t.best_node:
+            self._set_best(t, best[1].node_id, best[1].time_us, best[0], d)
+
     def _on_BestImproved(self, e: ev.BestImproved, d: Dirty) -> None:
         t = self.tasks.get(e.task_id)
-        if t and (t.best_speedup is None or e.speedup >= t.best_speedup):
-            self._set_best(t, e.node_id, e.time_us, e.speedup, d)
-            if t.history:
-                t.history[-1] = max(t.history[-1], e.speedup)
+        if t:
+            self._winner(t, d)
+            if t.history and t.best_speedup is not None:
+                t.history[-1] = max(t.history[-1], t.best_speedup)
 
     def _set_best(self, t: TaskView, node_id: int, time_us, speedup, d: Dirty) -> None:
         old = t.best_node
