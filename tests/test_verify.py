@@ -653,3 +653,16 @@ def test_edge_judge_allows_the_regions_own_sensitivity_not_more():
     assert judge_f64(ref64, lucky, honest, "float32", "edge", pert=sensitive) is None
     wrong = (ref64 + 40 * noise).float()  # far beyond what rounding explains
     assert judge_f64(ref64, lucky, wrong, "float32", "edge", pert=sensitive) is not None
+
+
+def test_edge_judge_measures_elements_near_zero_against_the_outputs_scale():
+    """w * norm + b with +-100 weights: an element that is a difference of large terms carries
+    their rounding; an error of a few ulps of the output's largest value passes, a relative
+    error of 1e-4 on every element (a cubic exp) does not."""
+    from kforge_tui.sandbox.verify import judge_f64
+
+    ref64 = torch.tensor([150.0, -120.0, 3e-6, 80.0], dtype=torch.float64)
+    near_zero_off = ref64.float().clone()
+    near_zero_off[2] += 8e-6  # ~1 ulp of 150, thousands of ulps of 3e-6
+    assert judge_f64(ref64, ref64.float(), near_zero_off, "float32", "edge") is None
+    assert judge_f64(ref64, ref64.float(), (ref64 * (1 + 1e-4)).float(), "float32", "edge") is not None
