@@ -39,11 +39,13 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from kforge_tui.regions.abi import INCLUDE_LINE
 from kforge_tui.regions.graph import GETITEM, resolve_target
+from kforge_tui.search.codegen.kbuild import GenDesign, points
+from kforge_tui.search.csrc import CPU_HALF_CONVERSIONS
 
 FLOATS = ("float32", "float16", "bfloat16", "float64")
 HALVES = ("float16", "bfloat16")
@@ -292,34 +294,7 @@ _CPU_CVT = r"""#include <string.h>
 #include <stdlib.h>
 #include <math.h>
 // 16-bit floats arrive as raw bits (uint16_t); conversions round to nearest even, NaN kept.
-inline float kf_bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
-inline uint16_t kf_f2bf(float f) {
-  uint32_t u; memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-inline float kf_h2f(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
-  if (e == 0) { float f = (float)m * 5.9604644775390625e-8f; return sign ? -f : f; }
-  if (e == 31) u = sign | 0x7f800000u | (m << 13);
-  else u = sign | ((e + 112u) << 23) | (m << 13);
-  float f; memcpy(&f, &u, 4); return f;
-}
-inline uint16_t kf_f2h(float f) {
-  uint32_t x; memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
-  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
-  if (ax < 0x38800000u) {
-    float af; memcpy(&af, &ax, 4);
-    return (uint16_t)(sign | (uint32_t)nearbyintf(af * 16777216.0f));
-  }
-  uint32_t h = (((ax >> 23) - 112u) << 10) | ((ax & 0x7fffffu) >> 13), rem = ax & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
-  return (uint16_t)(sign | h);
-}
-"""
+""" + CPU_HALF_CONVERSIONS
 
 _CUDA_CVT = r"""template <typename T, int V> struct alignas(sizeof(T) * V) kf_pk { T v[V]; };
 inline bool kf_aligned(const void* p, int bytes) { return ((uintptr_t)p % (uintptr_t)bytes) == 0; }
@@ -423,59 +398,10 @@ def off_expr(terms) -> str:
 
 # =============================================================================== designs
 
-@dataclass(frozen=True)
-class GenDesign:
-    """A generated kernel design (search.designs.Design protocol)."""
+def compute_design(*args, **kwargs) -> GenDesign:
+    """A shared GenDesign (kbuild.py) whose renders get this module's `finish` step."""
+    return GenDesign(*args, finish=finish, **kwargs)
 
-    name: str
-    backend: str
-    space: dict
-    op: str
-    _default: Callable = field(repr=False, compare=False)
-    _valid: Callable = field(repr=False, compare=False)
-    _render: Callable = field(repr=False, compare=False)
-    _extent: Callable = field(repr=False, compare=False)
-    doc: str = ""
-
-    def default(self, task) -> dict:
-        d = dict(self._default(task))
-        if self.valid(task, d):
-            return d
-        for p in _points(self.space):  # the first valid point, smallest first
-            if self.valid(task, p):
-                return p
-        return d
-
-    def valid(self, task, params: dict) -> bool:
-        if set(params) != set(self.space):
-            return False
-        if any(params[k] not in vals for k, vals in self.space.items()):
-            return False
-        try:
-            return bool(self._valid(task, params))
-        except Exception:
-            return False
-
-    def render(self, task, params: dict) -> str:
-        if not self.valid(task, params):
-            raise ValueError(f"{self.name}: invalid parameters {params}")
-        return finish(self._render(task, params), self.backend)
-
-    def extent(self, task) -> tuple[int, int]:
-        try:
-            return tuple(self._extent(task))
-        except Exception:
-            return (1, 1)
-
-
-def _points(space: dict, limit: int = 4096):
-    import itertools
-
-    keys = list(space)
-    for i, combo in enumerate(itertools.product(*[space[k] for k in keys])):
-        if i >= limit:
-            return
-        yield dict(zip(keys, combo))
 
 
 def usable(d: GenDesign, task) -> bool:
@@ -1314,21 +1240,21 @@ def _matmul_designs(task) -> list:
     g = info.gemm
     out = []
     if task.backend == "cpu":
-        out.append(GenDesign(
+        out.append(compute_design(
             "gen_gemm_omp", "cpu", _cpu_gemm_space(), "matmul",
             lambda t: _cpu_gemm_default(matmul_info(t).gemm),
             lambda t, p: _cpu_gemm_valid(matmul_info(t).gemm, p),
             lambda t, p: render_cpu_gemm(matmul_info(t).gemm, p, matmul_info(t).a_in, matmul_info(t).b_in),
             _mm_extent, "packed OpenMP GEMM with a register micro-kernel"))
     elif task.backend == "cuda":
-        out.append(GenDesign(
+        out.append(compute_design(
             "gen_gemm_simt", "cuda", _simt_space(), "matmul",
             lambda t: _simt_default(matmul_info(t).gemm),
             lambda t, p: _simt_valid(matmul_info(t).gemm, p),
             lambda t, p: render_simt_gemm(matmul_info(t).gemm, p, matmul_info(t).a_in, matmul_info(t).b_in),
             _mm_extent, "shared-memory tiled GEMM, register blocking, fp32/fp64 FMA"))
         if g.a_dtype in HALVES:
-            out.append(GenDesign(
+            out.append(compute_design(
                 "gen_gemm_wmma", "cuda", _wmma_space(), "matmul",
                 lambda t: _wmma_default(matmul_info(t).gemm),
                 lambda t, p: _wmma_valid(matmul_info(t).gemm, p),
@@ -2020,17 +1946,17 @@ def _attention_designs(task) -> list:
         return []
     out = []
     if task.backend == "cpu":
-        out.append(GenDesign("gen_flash_omp", "cpu", _flash_omp_space(), "attention",
+        out.append(compute_design("gen_flash_omp", "cpu", _flash_omp_space(), "attention",
                              lambda t: _flash_omp_default(attn_info(t)),
                              lambda t, p: attn_info(t) is not None, render_flash_omp, _attn_extent,
                              "flash attention on the cpu: OpenMP over (batch, head, query block)"))
     elif task.backend == "cuda":
-        out.append(GenDesign("gen_flash_simt", "cuda", _flash_simt_space(), "attention",
+        out.append(compute_design("gen_flash_simt", "cuda", _flash_simt_space(), "attention",
                              lambda t: _flash_simt_default(attn_info(t)),
                              lambda t, p: _flash_simt_valid(attn_info(t), p), render_flash_simt,
                              _attn_extent, "flash attention, a warp per query row, K/V tiles in smem"))
         if ai.dtype in HALVES:
-            out.append(GenDesign("gen_flash_mma", "cuda", _flash_mma_space(), "attention",
+            out.append(compute_design("gen_flash_mma", "cuda", _flash_mma_space(), "attention",
                                  lambda t: _flash_mma_default(attn_info(t)),
                                  lambda t, p: _flash_mma_valid(attn_info(t), p), render_flash_mma,
                                  _attn_extent, "FlashAttention-2 style, mma.sync m16n8k16"))
@@ -2450,33 +2376,33 @@ def _conv_designs(task) -> list:
     out = []
     ocb_ok = lambda t, p, key: conv_info(t).OCg % p[key] == 0  # noqa: E731
     if task.backend == "cpu":
-        out.append(GenDesign(
+        out.append(compute_design(
             "gen_conv_omp", "cpu", _cpu_gemm_space(), "conv",
             lambda t: _cpu_gemm_default(_cg(t)),
             lambda t, p: _cpu_gemm_valid(_cg(t), p),
             lambda t, p: render_cpu_gemm(_cg(t), p, *_conv_ins(t)),
             _conv_extent, "implicit GEMM per group (im2col while packing), OpenMP"))
-        out.append(GenDesign(
+        out.append(compute_design(
             "gen_conv_direct_omp", "cpu", {"ocb": (1, 2, 4, 8)}, "conv",
             lambda t: {"ocb": max(c for c in (1, 2, 4, 8) if conv_info(t).OCg % c == 0)},
             lambda t, p: ocb_ok(t, p, "ocb") and not conv_info(t).transposed, render_conv_direct_omp,
             _conv_extent,
             "direct convolution over output rows, simd along the row (depthwise, few channels)"))
     elif task.backend == "cuda":
-        out.append(GenDesign(
+        out.append(compute_design(
             "gen_conv_simt", "cuda", {k: v for k, v in _simt_space().items() if k != "vec"} | {"vec": (1,)},
             "conv", lambda t: dict(_simt_default(_cg(t)), vec=1),
             lambda t, p: _simt_valid(_cg(t), p),
             lambda t, p: render_simt_gemm(_cg(t), p, *_conv_ins(t)),
             _conv_extent, "implicit GEMM per group, shared-memory tiles, register blocking"))
         if ci.dtype in HALVES:
-            out.append(GenDesign(
+            out.append(compute_design(
                 "gen_conv_wmma", "cuda", _wmma_space(), "conv",
                 lambda t: _wmma_default(_cg(t)),
                 lambda t, p: _wmma_valid(_cg(t), p),
                 lambda t, p: render_wmma_gemm(_cg(t), p, *_conv_ins(t)),
                 _conv_extent, "implicit GEMM per group on tensor cores (wmma, f32 accumulate)"))
-        out.append(GenDesign(
+        out.append(compute_design(
             "gen_conv_direct", "cuda", {"threads": (64, 128, 256, 512), "ocpt": (1, 2, 4, 8)}, "conv",
             lambda t: {"threads": 256, "ocpt": max(c for c in (1, 2, 4) if conv_info(t).OCg % c == 0)},
             lambda t, p: ocb_ok(t, p, "ocpt"), render_conv_direct_cuda, _conv_extent,

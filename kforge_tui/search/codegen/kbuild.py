@@ -14,7 +14,11 @@ from kforge_tui.search.codegen.sym import Form, Unsupported, var
 
 @dataclass(frozen=True)
 class GenDesign:
-    """A generated design (the search.designs.Design protocol)."""
+    """A generated design (the search.designs.Design protocol), shared by every generator.
+
+    `finish` is a last textual step on a render (compute.py spells its device-function marker
+    there); `default` falls back to the first valid point of the space when the generator's own
+    default does not fit the task; a validity rule that raises means "not valid"."""
 
     name: str
     backend: str
@@ -25,9 +29,16 @@ class GenDesign:
     _render: Callable = field(repr=False, compare=False)
     _extent: Callable = field(repr=False, compare=False)
     doc: str = ""
+    finish: Callable | None = field(default=None, repr=False, compare=False)
 
     def default(self, task) -> dict:
-        return dict(self._default(task))
+        d = dict(self._default(task))
+        if self.valid(task, d):
+            return d
+        for p in points(self.space):  # the first valid point, smallest first
+            if self.valid(task, p):
+                return p
+        return d
 
     def valid(self, task, params: dict) -> bool:
         if set(params) != set(self.space):
@@ -36,16 +47,31 @@ class GenDesign:
             return False
         try:
             return bool(self._valid(task, params))
-        except Unsupported:
+        except Exception:  # noqa: BLE001 - a rule that cannot judge this task rules it out
             return False
 
     def render(self, task, params: dict) -> str:
         if not self.valid(task, params):
             raise ValueError(f"{self.name}: invalid parameters {params} for {task.task_id}")
-        return self._render(task, params)
+        src = self._render(task, params)
+        return self.finish(src, self.backend) if self.finish is not None else src
 
     def extent(self, task) -> tuple[int, int]:
-        return self._extent(task)
+        try:
+            return tuple(self._extent(task))
+        except Exception:  # noqa: BLE001 - priors fall back to "one row"
+            return (1, 1)
+
+
+def points(space: dict, limit: int = 4096):
+    """The space's points in order (smallest values first), at most `limit` of them."""
+    import itertools
+
+    keys = list(space)
+    for i, combo in enumerate(itertools.product(*[space[k] for k in keys])):
+        if i >= limit:
+            return
+        yield dict(zip(keys, combo))
 
 
 def head(backend: str) -> str:

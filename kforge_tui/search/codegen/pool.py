@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 
 from kforge_tui.search.codegen.compute import (
-    FLOATS, GenDesign, Operand, OutRef, analyze, entry_fill, fill, load, off_expr, prelude, store,
+    FLOATS, Operand, OutRef, compute_design, analyze, entry_fill, fill, load, off_expr, prelude, store,
     usable)
 
 _MAXP = {"prims._low_memory_max_pool_with_offsets.default": "lowmem",
@@ -728,12 +728,12 @@ def _pool_designs(task) -> list:
         return []
     total = math.prod(s for _, s in pi.coords())
     if task.backend == "cpu":
-        d = GenDesign("gen_pool_omp", "cpu", _CPU_SPACE, "pool",
+        d = compute_design("gen_pool_omp", "cpu", _CPU_SPACE, "pool",
                       lambda t: _cpu_default(max(1, total // max(1, pi.osp[2]))),
                       lambda t, p: pool_info(t) is not None, render_pool, _pool_extent,
                       "pooling window per output element, OpenMP over output rows")
     else:
-        d = GenDesign("gen_pool_cuda", "cuda", _CUDA_SPACE, "pool",
+        d = compute_design("gen_pool_cuda", "cuda", _CUDA_SPACE, "pool",
                       lambda t: {"threads": 256, "ept": 1 if total < 1 << 20 else 2},
                       lambda t, p: pool_info(t) is not None, render_pool, _pool_extent,
                       "pooling window per output element, a thread per EPT outputs")
@@ -747,12 +747,12 @@ def _copy_designs(task) -> list:
     s = ci.out.shape
     total = math.prod(s) if s else 1
     if task.backend == "cpu":
-        d = GenDesign("gen_copy_omp", "cpu", _CPU_SPACE, "copy",
+        d = compute_design("gen_copy_omp", "cpu", _CPU_SPACE, "copy",
                       lambda t: _cpu_default(max(1, total // max(1, s[-1] if s else 1))),
                       lambda t, p: copy_info(t) is not None, render_copy, _copy_extent,
                       "flip / cat / iota element by element, OpenMP over output rows")
     else:
-        d = GenDesign("gen_copy_cuda", "cuda", _CUDA_SPACE, "copy",
+        d = compute_design("gen_copy_cuda", "cuda", _CUDA_SPACE, "copy",
                       lambda t: {"threads": 256, "ept": 1 if total < 1 << 20 else 4},
                       lambda t, p: copy_info(t) is not None, render_copy, _copy_extent,
                       "flip / cat / iota, a thread per EPT output elements")
@@ -783,11 +783,11 @@ def _scan_designs(task) -> list:
         if n > 8:
             return []
     if task.backend == "cpu":
-        d = GenDesign("gen_scan_omp", "cpu", _CPU_SPACE, "scan",
+        d = compute_design("gen_scan_omp", "cpu", _CPU_SPACE, "scan",
                       lambda t: _cpu_default(lines), lambda t, p: scan_info(t) is not None,
                       render_scan, _scan_extent, "sequential scan per line, OpenMP over lines")
     else:
-        d = GenDesign("gen_scan_cuda", "cuda", {"warps": (1, 2, 4, 8)}, "scan",
+        d = compute_design("gen_scan_cuda", "cuda", {"warps": (1, 2, 4, 8)}, "scan",
                       lambda t: {"warps": 4}, lambda t, p: scan_info(t) is not None,
                       render_scan, _scan_extent, "a warp per line: shfl_up scans chained by a carry")
     return [d] if usable(d, task) else []
@@ -799,12 +799,12 @@ def _gather_designs(task) -> list:
         return []
     total = math.prod(gi.out.shape)
     if task.backend == "cpu":
-        d = GenDesign("gen_gather_omp", "cpu", _CPU_SPACE, "gather",
+        d = compute_design("gen_gather_omp", "cpu", _CPU_SPACE, "gather",
                       lambda t: _cpu_default(max(1, total // max(1, gi.out.shape[-1] if gi.out.shape else 1))),
                       lambda t, p: gather_info(t) is not None, render_gather, _gather_extent,
                       "indexed copy, OpenMP over output rows")
     else:
-        d = GenDesign("gen_gather_cuda", "cuda", _CUDA_SPACE, "gather",
+        d = compute_design("gen_gather_cuda", "cuda", _CUDA_SPACE, "gather",
                       lambda t: {"threads": 256, "ept": 1 if total < 1 << 20 else 4},
                       lambda t, p: gather_info(t) is not None, render_gather, _gather_extent,
                       "indexed copy, a thread per EPT output elements")

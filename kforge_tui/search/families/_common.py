@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kforge_tui.regions.patterns import OpTask
 from kforge_tui.regions import patterns
+from kforge_tui.search.csrc import CPU_HALF_CONVERSIONS
 
 ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -281,33 +282,7 @@ typedef @TI@ TI;
 typedef @TO@ TO;
 
 // half / bfloat16 arrive as raw bits in uint16_t; conversions are exact (RNE, NaN kept).
-inline float kf_bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
-inline uint16_t kf_f2bf(float f) {
-  uint32_t u; memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-inline float kf_h2f(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
-  if (e == 0) { float f = (float)m * 5.9604644775390625e-8f; return sign ? -f : f; }
-  if (e == 31) u = sign | 0x7f800000u | (m << 13);
-  else u = sign | ((e + 112u) << 23) | (m << 13);
-  float f; memcpy(&f, &u, 4); return f;
-}
-inline uint16_t kf_f2h(float f) {
-  uint32_t x; memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
-  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
-  if (ax < 0x38800000u) {
-    float af; memcpy(&af, &ax, 4);
-    return (uint16_t)(sign | (uint32_t)nearbyintf(af * 16777216.0f));
-  }
-  uint32_t h = (((ax >> 23) - 112u) << 10) | ((ax & 0x7fffffu) >> 13), rem = ax & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
-  return (uint16_t)(sign | h);
-}
+@HALF@
 inline float kf_in(TI v) { return @CONV_IN@; }
 inline TO kf_out(float v) { return @CONV_OUT@; }
 inline TI kf_round(float v) { return @CONV_ROUND@; }
@@ -523,7 +498,8 @@ def cpu_head(task: OpTask, in_dtype: str | None = None, out_dtype: str | None = 
     sig = patterns.signature(task, "cpu")
     return sig.prelude() + fill(_CPU_HELPERS + _CPU_SIMD, TI=patterns.CPU_CTYPE[ti],
                                 TO=patterns.CPU_CTYPE[to], CONV_IN=_CONV_IN[ti], CONV_OUT=_CONV_OUT[to],
-                                CONV_ROUND=_CONV_OUT[ti], VIN=_VIN[ti], VOUT=_VOUT[to], VROUND=_VOUT[ti])
+                                CONV_ROUND=_CONV_OUT[ti], VIN=_VIN[ti], VOUT=_VOUT[to], VROUND=_VOUT[ti],
+                                HALF=CPU_HALF_CONVERSIONS.rstrip("\n"))
 
 
 def entry(task: OpTask, backend: str, body: str) -> str:
