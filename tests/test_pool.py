@@ -275,3 +275,25 @@ def test_backends_and_triton_device(tmp_path, monkeypatch):
     assert triton_device() == "cpu" and EvaluatorPool("triton", cache_dir=tmp_path).device_kind == "cpu"
     monkeypatch.delenv("TRITON_INTERPRET")
     assert triton_device() == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+async def test_workers_compile_into_a_private_inductor_cache(tmp_path, monkeypatch):
+    """A worker killed mid-compile (a timeout, close() on a busy worker) must not leave a
+    truncated Inductor .so in a cache other processes load from: each worker process gets an
+    Inductor cache dir of its own, gone with the process."""
+    shared = tmp_path / "shared-inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    async with EvaluatorPool("cpu", cache_dir=tmp_path / "c", timing=TIMING) as pool:
+        r = await pool.evaluate(softmax_task().to_json(), str(tmp_path), HONEST)
+        assert r.status == "ok", r.message
+        w = pool._workers[0]
+        private = w.inductor_dir
+        assert private and Path(private).is_dir() and not Path(private).is_relative_to(shared)
+        environ = Path(f"/proc/{w.proc.pid}/environ").read_bytes().split(b"\0")
+        assert f"TORCHINDUCTOR_CACHE_DIR={private}".encode() in environ
+        await w.kill()  # like a timeout: SIGKILL to the worker's session
+        assert not Path(private).exists()
+        r = await pool.evaluate(softmax_task().to_json(), str(tmp_path), variant(1))  # respawned
+        assert r.status == "ok", r.message
+        assert pool._workers[0].inductor_dir not in (None, private)
+    assert not shared.exists() or not any(shared.rglob("*.so"))

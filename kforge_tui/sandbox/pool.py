@@ -30,8 +30,10 @@ import asyncio
 import inspect
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections import deque
 from pathlib import Path
@@ -81,6 +83,7 @@ class _Worker:
         self.info: dict = {}
         self._next = 1
         self._stderr_task: asyncio.Task | None = None
+        self.inductor_dir: str | None = None
 
     async def spawn(self) -> None:
         cmd = [sys.executable, "-m", "kforge_tui.sandbox.worker", "--backend", self.backend,
@@ -89,6 +92,14 @@ class _Worker:
             cmd += ["--cache-dir", str(self.cache_dir)]
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # Inductor's own cache, private to this worker process: Inductor links its C++ kernels
+        # straight to their final path in the cache, so a worker killed mid-compile (a timeout,
+        # or close() on a busy worker) would leave a truncated .so that every later process
+        # with the same graph fails to load ("file too short"), the user's own torch.compile
+        # included. The baselines a worker compiles are kept in its memory anyway.
+        self._drop_inductor_dir()
+        self.inductor_dir = tempfile.mkdtemp(prefix="kforge-inductor-")
+        env["TORCHINDUCTOR_CACHE_DIR"] = self.inductor_dir
         for k, v in self.env.items():
             if v is None:
                 env.pop(k, None)
@@ -174,6 +185,12 @@ class _Worker:
         if self._stderr_task:
             self._stderr_task.cancel()
         self.proc = None
+        self._drop_inductor_dir()
+
+    def _drop_inductor_dir(self) -> None:
+        if self.inductor_dir:
+            shutil.rmtree(self.inductor_dir, ignore_errors=True)
+            self.inductor_dir = None
 
     async def close(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
