@@ -411,13 +411,18 @@ class Engine:
             self._set_status(ts, "done", self._reason(ts))
 
     CONFIRM_TOP = 2  # best candidates re-timed side by side before one is called the winner
+    CONFIRM_MAX = 5  # re-timings per task at most, counting those a new leader asks for
 
     async def _confirm(self, ts: SearchState) -> None:
         """Re-evaluate the best few verified candidates once more (fresh verification; eager
         and torch.compile timed next to each, sandbox worker `_adjacent_baselines`) and let the
         best re-timing be the task's winner (store._TASKS_SQL), so that the maximum of many
         noisy ratios does not win by luck. Re-timings are stored as `confirm:#<id>` children,
-        not charged to the budget and not part of the MCTS tree."""
+        not charged to the budget and not part of the MCTS tree.
+
+        A re-timing can come out slower than its search figure; then a candidate that was not
+        re-timed may lead on its search figure alone. That leader is re-timed in turn, until
+        the winner is a re-timing (or CONFIRM_MAX re-timings were made: the log says so)."""
         tid = ts.task.task_id
         confirmed = set(ts.confirm_of.values())
         top = sorted((v for v in ts.views.values() if v.status == "ok" and v.speedup and v.source
@@ -427,37 +432,52 @@ class Engine:
         for v in top:
             if self._stop or ts.stopped:
                 return
-            action = f"confirm:#{v.node_id}"
-            node_id = self.store.add_node(tid, v.node_id, action=action, proposer="kforge",
-                                          source=v.source, params=v.params, status="pending")
-            ts.views[node_id] = NodeView(node_id, v.node_id, action, v.source, params=v.params)
-            ts.confirm_of[node_id] = v.node_id
-            self.emit(ev.NodeAdded(task_id=tid, node_id=node_id, parent_id=v.node_id, action=action,
-                                   proposer="kforge"))
-            try:
-                async with self._slots:
-                    r = await self._evaluator.evaluate(ts.task.to_json(), str(self.run_dir), v.source)
-            except Exception as e:  # the first figure stands; say why it was not confirmed
-                self.store.finish_node(node_id, status="lost", message=f"re-timing failed: {e}",
-                                       result=None, reward=_fail_reward())
-                continue
-            if r.status == "infra_error":
-                self.store.finish_node(node_id, status="lost", message=f"not re-timed: {r.message}",
-                                       result=None, reward=_fail_reward())
-                continue
-            ok = r.status == "ok"
-            time_us = r.timing.median_us if ok and r.timing else None
-            self.store.finish_node(node_id, status=r.status, message=r.message, result=r.to_json(),
-                                   reward=_fail_reward() if not ok else 0.0, time_us=time_us,
-                                   speedup=r.speedup if ok else None)
-            view = ts.views[node_id]
-            view.status, view.message, view.time_us, view.speedup = r.status, r.message, time_us, r.speedup
-            self.emit(ev.NodeFinished(task_id=tid, node_id=node_id, status=r.status, message=r.message,
-                                      time_us=time_us, speedup=r.speedup, reward=0.0))
-            self.log(f"{tid}: #{v.node_id} re-timed side by side: "
-                     + (f"{v.speedup:.2f}x in the search, {r.speedup:.2f}x now" if ok and r.speedup
-                        else f"failed now ({r.status}: {r.message})"),
-                     "info" if ok else "warning")
+            await self._retime(ts, v)
+        while not (self._stop or ts.stopped):
+            best = self.store.task(tid)["best_node"]
+            v = ts.views.get(best) if best is not None else None
+            if v is None or v.action.startswith("confirm:") or best in ts.confirm_of.values():
+                return
+            if len(ts.confirm_of) >= self.CONFIRM_MAX:
+                self.log(f"{tid}: #{best} leads on its search figure alone: {self.CONFIRM_MAX} "
+                         "re-timings made, none faster", "warning")
+                return
+            await self._retime(ts, v)
+
+    async def _retime(self, ts: SearchState, v: NodeView) -> None:
+        """One `confirm:#<id>` re-timing of candidate `v` (see _confirm)."""
+        tid = ts.task.task_id
+        action = f"confirm:#{v.node_id}"
+        node_id = self.store.add_node(tid, v.node_id, action=action, proposer="kforge",
+                                      source=v.source, params=v.params, status="pending")
+        ts.views[node_id] = NodeView(node_id, v.node_id, action, v.source, params=v.params)
+        ts.confirm_of[node_id] = v.node_id
+        self.emit(ev.NodeAdded(task_id=tid, node_id=node_id, parent_id=v.node_id, action=action,
+                               proposer="kforge"))
+        try:
+            async with self._slots:
+                r = await self._evaluator.evaluate(ts.task.to_json(), str(self.run_dir), v.source)
+        except Exception as e:  # the first figure stands; say why it was not confirmed
+            self.store.finish_node(node_id, status="lost", message=f"re-timing failed: {e}",
+                                   result=None, reward=_fail_reward())
+            return
+        if r.status == "infra_error":
+            self.store.finish_node(node_id, status="lost", message=f"not re-timed: {r.message}",
+                                   result=None, reward=_fail_reward())
+            return
+        ok = r.status == "ok"
+        time_us = r.timing.median_us if ok and r.timing else None
+        self.store.finish_node(node_id, status=r.status, message=r.message, result=r.to_json(),
+                               reward=_fail_reward() if not ok else 0.0, time_us=time_us,
+                               speedup=r.speedup if ok else None)
+        view = ts.views[node_id]
+        view.status, view.message, view.time_us, view.speedup = r.status, r.message, time_us, r.speedup
+        self.emit(ev.NodeFinished(task_id=tid, node_id=node_id, status=r.status, message=r.message,
+                                  time_us=time_us, speedup=r.speedup, reward=0.0))
+        self.log(f"{tid}: #{v.node_id} re-timed side by side: "
+                 + (f"{v.speedup:.2f}x in the search, {r.speedup:.2f}x now" if ok and r.speedup
+                    else f"failed now ({r.status}: {r.message})"),
+                 "info" if ok else "warning")
 
     def _reason(self, ts: SearchState) -> str:
         """Why a task's search ended, in the words the TUI shows under its tree."""

@@ -270,3 +270,42 @@ def test_resume_is_refused_while_another_process_runs_the_search(prepared, tmp_p
         proc.wait(timeout=30)
     with RunStore.open(run, readonly=True) as s:
         assert s.pending_nodes() == [] and s.run_info()["status"] == "finished"  # untouched
+
+
+class _SlowerWhenRetimed(ScriptedEvaluator):
+    """Kernel k verifies at 1 + k/10 in the search; every re-timing of a kernel comes out at 1.0x."""
+
+    def __init__(self):
+        super().__init__(0.0)
+        self.seen: set[str] = set()
+
+    async def evaluate(self, task_json, run_dir, source, on_stage=None):
+        from scripted_engine import Result, Timing
+
+        if source in self.seen:
+            return Result("ok", "1.00x", 1.0, Timing(10.0))
+        self.seen.add(source)
+        k = int(source.split()[-1])
+        return Result("ok", "search figure", 1 + k / 10, Timing(10.0 / (1 + k / 10)))
+
+
+@pytest.mark.parametrize("budget", [4, 7])
+def test_a_leader_that_was_not_retimed_is_retimed_in_turn(tmp_path, budget):
+    """The two best are re-timed and come out slower: the next leader (on its search figure alone)
+    is re-timed in turn, so the winner is a re-timing; at most Engine.CONFIRM_MAX of them, then
+    the log says a search figure leads."""
+    seen: list = []
+    engine = Engine(settings(tmp_path / "run", budget=budget), seen.append, evaluator=_SlowerWhenRetimed(),
+                    proposer=ScriptedProposer())
+    asyncio.run(engine.run())
+    with RunStore.open(tmp_path / "run", readonly=True) as s:
+        (task,) = s.tasks()
+        nodes = [n for n in s.nodes(task["task_id"]) if n["parent_id"] is not None]
+        confirms = {n["id"]: n for n in nodes if n["action"].startswith("confirm:")}
+    assert len(confirms) == min(budget, Engine.CONFIRM_MAX)
+    if budget <= Engine.CONFIRM_MAX:
+        assert task["best_node"] in confirms and task["speedup"] == pytest.approx(1.0)
+    else:  # the cap: kernel 2 (1.2x in the search) was never re-timed and leads
+        assert task["best_node"] not in confirms and task["speedup"] == pytest.approx(1.2)
+        msgs = [e.message for e in seen if isinstance(e, ev.LogLine)]
+        assert any("leads on its search figure alone" in m for m in msgs), msgs
