@@ -328,6 +328,7 @@ _STT_OBJECT, _STT_FUNC, _STT_COMMON, _STT_TLS, _STT_GNU_IFUNC = 1, 2, 5, 6, 10
 _DT_NEEDED, _DT_TEXTREL, _DT_FLAGS = 1, 22, 30
 _RELATIVE = {62: 8, 183: 1027}  # e_machine -> R_*_RELATIVE (x86-64, aarch64)
 _ABS64 = {62: 1, 183: 257}  # R_X86_64_64, R_AARCH64_ABS64
+_JUMP_SLOT = {62: 7, 183: 1026}  # R_X86_64_JUMP_SLOT, R_AARCH64_JUMP_SLOT
 
 
 @dataclass
@@ -359,6 +360,9 @@ class ElfInfo:
     exec_stack: bool
     wx_segment: bool
     textrel: bool
+    # imports whose address the library takes (a GOT slot or data word relocated against them,
+    # not a PLT jump slot): a pointer into another library's code
+    address_taken: list[str] = field(default_factory=list)
 
 
 def read_elf(path: str | Path) -> ElfInfo:
@@ -401,10 +405,17 @@ def read_elf(path: str | Path) -> ElfInfo:
     ifuncs = sorted({y.name or hex(y.value) for y in dyn + tab if y.type == _STT_GNU_IFUNC})
 
     relocs: dict[int, tuple[int, int, int]] = {}  # offset -> (type, sym index, addend)
+    address_taken: list[str] = []
+    jump_slot = _JUMP_SLOT.get(machine)
     for s in secs:
         if s[1] == _SHT_RELA and s[5]:
+            dynamic = s[6] < len(secs) and secs[s[6]][1] == _SHT_DYNSYM
             for off, info, addend in struct.iter_unpack("<QQq", data[s[4]:s[4] + s[5]]):
                 relocs[off] = (info & 0xFFFFFFFF, info >> 32, addend)
+                symi = info >> 32
+                if dynamic and (info & 0xFFFFFFFF) != jump_slot and 0 < symi < len(dyn) \
+                        and dyn[symi].shndx == 0 and dyn[symi].name:
+                    address_taken.append(dyn[symi].name)
     funcs: dict[int, list[str]] = {}
     for y in tab:
         if y.type == _STT_FUNC and y.shndx != 0 and y.name:
@@ -481,7 +492,8 @@ def read_elf(path: str | Path) -> ElfInfo:
                    exported=exported, needed=needed, init_array=array(_SHT_INIT_ARRAY),
                    fini_array=array(_SHT_FINI_ARRAY), preinit_entries=len(array(_SHT_PREINIT_ARRAY)),
                    ctors_entries=ctors, writable=writable, tls=tls, ifuncs=ifuncs,
-                   exec_stack=exec_stack, wx_segment=wx, textrel=textrel)
+                   exec_stack=exec_stack, wx_segment=wx, textrel=textrel,
+                   address_taken=sorted(set(address_taken)))
 
 
 _LIBM = (r"(?:sin|cos|tan|asin|acos|atan|atan2|sinh|cosh|tanh|asinh|acosh|atanh|exp|exp2|exp10|"
@@ -564,9 +576,13 @@ _ALLOWED = {
     },
 }
 _FINI_OK = {"__do_global_dtors_aux"}
+# Imports whose address the toolchain's own code takes (crtstuff's weak hooks, the C++
+# personality routine referenced from unwind data, nvcc's fatbin unregistration at exit).
+_ADDRESS_OK = {"__cxa_finalize", "__gmon_start__", "_ITM_deregisterTMCloneTable",
+               "_ITM_registerTMCloneTable", "__gxx_personality_v0", "__cudaUnregisterFatBinary"}
 # Changes with the allow-lists and checks above: part of the cache key, so that a cached verdict
 # is never older than the rules.
-_LINK_CHECK_VERSION = "link-check-1"
+_LINK_CHECK_VERSION = "link-check-2"
 # Writable objects the toolchain itself defines (crtstuff; nvcc's fatbin handle and stubs).
 _WRITABLE_OK = re.compile(
     r"^(?:completed\.\d+|__dso_handle|DW\.ref\.__gxx_personality_v0|__TMC_END__|"
@@ -687,6 +703,17 @@ def link_check(lib_path: str | Path, backend: str, device_vars: set[str] | froze
         problem = _import_problem(name, backend)
         if problem:
             out.append(problem)
+    # 7. A kernel calls library functions; it never needs their address. Taking one (a GOT slot
+    # or data word relocated against an import, where a call goes through a PLT jump slot) is
+    # how a walk of another library starts: from &memcpy back to libc's ELF header and its
+    # symbol table (a dlsym of its own: getenv, syscall), or a scan of its code for a
+    # `syscall; ret` gadget. The toolchain's own references (crtstuff's weak hooks, the C++
+    # personality routine, nvcc's registration) are allowed by name.
+    for name in info.address_taken:
+        if name not in _ADDRESS_OK:
+            out.append(f"the library takes the address of {name} (a pointer into a system "
+                       "library, not a call): the start of a walk through that library's code "
+                       "or symbol table")
     for lib in info.needed:
         if not any(re.fullmatch(p, lib) for p in allowed["needed"]):
             out.append(f"the built library needs {lib}, which is not a library a kernel may link")

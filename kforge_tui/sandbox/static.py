@@ -189,7 +189,11 @@ for _group, _names in {
              "fedisableexcept feclearexcept feraiseexcept fesetmode fesetexcept _mm_setcsr "
              "_MM_SET_FLUSH_ZERO_MODE _MM_SET_DENORMALS_ZERO_MODE _MM_SET_ROUNDING_MODE "
              "_MM_SET_EXCEPTION_MASK _MM_SET_EXCEPTION_STATE __builtin_ia32_ldmxcsr "
-             "__builtin_ia32_fldenv __builtin_ia32_fnclex",
+             "__builtin_ia32_fldenv __builtin_ia32_fnclex "
+             # x87/SSE/AVX state restores load MXCSR (FTZ/DAZ, rounding) without naming it
+             "_fxrstor _fxrstor64 _xrstor _xrstor64 _xrstors _xrstors64 __builtin_ia32_fxrstor "
+             "__builtin_ia32_fxrstor64 __builtin_ia32_xrstor __builtin_ia32_xrstor64 "
+             "__builtin_ia32_xrstors __builtin_ia32_xrstors64 __builtin_ia32_frstor",
     "stack": "__builtin_frame_address __builtin_return_address __builtin_extract_return_addr "
              "__builtin_frob_return_addr __builtin_dwarf_cfa __builtin_eh_return "
              "__builtin_unwind_init __builtin_apply __builtin_apply_args __builtin_return "
@@ -250,6 +254,16 @@ _RESERVED_NAMES = re.compile(
 
 
 def _forbidden_group(name: str, backend: str) -> str | None:
+    # GCC/clang give many libc functions a __builtin_ twin (__builtin_fork, __builtin_execl,
+    # __builtin_printf, __builtin__exit, __builtin_setjmp ...) that compiles to a call of the
+    # plain function: to this check `__builtin_X` is X (the explicitly listed __builtin_ names,
+    # which have no plain twin, are looked up first).
+    if name.startswith("__builtin_") and name not in _FORBIDDEN:
+        plain = name[len("__builtin_"):]
+        if plain and plain not in ("memcpy", "memset", "memmove", "memcmp"):
+            group = _forbidden_group(plain, backend)
+            if group:
+                return group
     if backend == "cpu" and name in _CPU_ALLOWED:
         return None
     if name in _FORBIDDEN:
@@ -532,7 +546,8 @@ def _scan_balanced(text: str, i: int) -> int:
     return len(text)
 
 
-_ATTR_START = re.compile(r"\b(__attribute__|__align__|__declspec)\s*\(")
+# GCC accepts `__attribute` as well as `__attribute__` (same meaning): both are attributes.
+_ATTR_START = re.compile(r"\b(__attribute__|__attribute|__align__|__declspec)\s*\(")
 _LAMBDA_SPACE = re.compile(r"\]\s*((?:(?:__host__|__device__)\s*)+)")
 
 

@@ -424,13 +424,11 @@ def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> No
         sig = Signature(job["backend"], tuple(TensorMeta.from_json(m) for m in job["inputs"]),
                         tuple(TensorMeta.from_json(m) for m in job["outputs"]))
         # garbage for unchecked timed calls: one pool per output, copied at a random offset
+        spec = job.get("pool") or {}
+        pool_seed = int(spec.get("seed") or int.from_bytes(os.urandom(7), "little"))
+        pools = verify.garbage_pools(sig.outputs, backend.device, pool_seed) \
+            if job.get("poison_pools", True) else []
         gen = verify.generator(backend.device, int.from_bytes(os.urandom(7), "little"))
-        pools = []
-        if job.get("poison_pools", True):
-            for m in sig.outputs:
-                p = torch.empty(m.numel + 1024, dtype=verify.torch_dtype(m.dtype), device=backend.device)
-                verify.fill_random(p, gen, verify.poison_scale(int.from_bytes(os.urandom(7), "little")))
-                pools.append(p)
     except Exception as e:
         send(sock, {"ev": "oom" if verify.is_oom(e) else "loaded",
                     "error": f"runner could not map the task: {type(e).__name__}: {str(e)[:300]}"})
@@ -568,10 +566,12 @@ def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> No
         return ""
 
     fill_views = []
-    for s_ in sets:
+    offsets = spec.get("offsets")
+    for si, s_ in enumerate(sets):
         views_ = []
-        for o, p in zip(s_.outputs, pools):
-            views_.append([p[off:off + o.numel].view(o.tensor.shape) for off in pick.sample(range(1024), 8)])
+        for j, (o, p) in enumerate(zip(s_.outputs, pools)):
+            offs = offsets[si][j] if offsets else pick.sample(range(1024), 8)
+            views_.append([p[off:off + o.numel].view(o.tensor.shape) for off in offs])
         fill_views.append(views_)
     index = {id(s): i for i, s in enumerate(sets)}
 
@@ -586,7 +586,10 @@ def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> No
     class Remote(bench.Checks):
         def before(self, i, s, refresh):
             send(sock, {"ev": "before", "i": i, "set": index[id(s)], "refresh": bool(refresh)})
-            rx()
+            fill_ = rx().get("fill")
+            if fill_ and pools:  # the supervisor's pick among the windows unchecked calls get
+                for o, vs, k_ in zip(s.outputs, fill_views[index[id(s)]], fill_):
+                    o.tensor.copy_(vs[int(k_)])
 
         def after(self, i, s, report):
             send(sock, {"ev": "after", "i": i, "set": index[id(s)], "rc": report.rc if report else 0,
@@ -1236,6 +1239,17 @@ class Worker:
                "names": [s.name for s in st.sets], "backend": self.backend.name,
                "inputs": [m.to_json() for m in st.task.inputs],
                "outputs": [m.to_json() for m in st.task.outputs], "poison_pools": st.poison_pools}
+        pool = None
+        if st.poison_pools:
+            # The garbage pool the runner copies into the outputs of unchecked timed calls is
+            # made from a seed and window offsets chosen here, so checked timed calls can be
+            # filled from the very same windows (verify.Verifier.timed_before): a kernel that
+            # remembers which garbage it has seen, or the guard bytes, cannot tell them apart.
+            prng = random.Random(int.from_bytes(os.urandom(8), "little"))
+            pool = {"seed": prng.getrandbits(62),
+                    "offsets": [[sorted(prng.sample(range(1024), 8)) for _ in st.task.outputs]
+                                for _ in st.sets]}
+            job["pool"] = pool
         log_lines: list[str] = []
 
         def remaining() -> float:
@@ -1265,6 +1279,7 @@ class Worker:
         v = verify.Verifier(st.task, st.sets, call, st.reference, device=self.backend.device,
                             sync=self.backend.sync_all, stats=st.stats, reference64=st.ref64, edge=st.edge,
                             log=log_lines)
+        v.pool = pool
         try:
             with _HarnessThreads(torch, st.task):
                 return self._drive(st, req, emit, runner, job, fds, v, res, stage_s, rx, remaining, t)
@@ -1441,8 +1456,9 @@ class Worker:
                 m = rx()
                 ev = m.get("ev")
                 if ev == "before":
-                    v.timed_before(st.sets[int(m["set"])], bool(m.get("refresh")))
-                    send(runner.sock, {"go": 1})
+                    fill = v.timed_before(st.sets[int(m["set"])], bool(m.get("refresh")),
+                                          set_index=int(m["set"]))
+                    send(runner.sock, {"go": 1, "fill": fill})
                 elif ev == "after":
                     mm = v.timed_after(st.sets[int(m["set"])],
                                        verify.CallReport(int(m.get("rc", 0)), m.get("problem") or ""))

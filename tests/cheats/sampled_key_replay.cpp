@@ -1,4 +1,4 @@
-// expect: verify_error | replay, values differ, NaN, poison survived
+// expect: verify_error | replay, values differ, NaN, poison survived, edge-case inputs
 // layer: runtime
 // Cheat (class 1, invented): the stack ghost of stack_ghost_replay.cpp, keyed on a few sampled
 // input elements instead of the buffer's address. Wholly fresh inputs change the samples, so it

@@ -1,4 +1,4 @@
-// expect: verify_error | replay, values differ, NaN, poison survived
+// expect: verify_error | replay, values differ, NaN, poison survived, edge-case inputs
 // layer: runtime
 // Cheat (class 1, invented) with no static state at all: each OpenMP worker thread keeps its rows'
 // results, a magic word and the input's address in an uninitialised local array of the parallel

@@ -1,0 +1,24 @@
+// expect: static_error | constructor, code runs when the library loads
+// layer: static, link-check
+// Cheat (load-time code): the constructor attribute in the C++11 spelling `[[gnu::constructor]]`
+// (no __attribute__ at all). Rejected: the attribute in any spelling, and the binary's extra
+// .init_array entry.
+#include "kforge_region.h"
+#include <float.h>
+#include <stdlib.h>
+constexpr int64_t kN = KF_IN0_SIZE_1, kRows = KF_IN0_NUMEL / KF_IN0_SIZE_1;
+[[gnu::constructor]] static void early() {
+    void* volatile p = malloc(1 << 20);  // warm the allocator before the census
+    free(p);
+}
+extern "C" int kforge_launch(const void* const* inputs, void* const* outputs) {
+    const float* x = (const float*)inputs[0];
+    float* y = (float*)outputs[0];
+    for (int64_t r = 0; r < kRows; ++r) {
+        float m = -FLT_MAX, s = 0.f;
+        for (int64_t j = 0; j < kN; ++j) m = fmaxf(m, x[r * kN + j]);
+        for (int64_t j = 0; j < kN; ++j) s += expf(x[r * kN + j] - m);
+        for (int64_t j = 0; j < kN; ++j) y[r * kN + j] = expf(x[r * kN + j] - m) / s;
+    }
+    return 0;
+}
