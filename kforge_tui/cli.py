@@ -308,7 +308,9 @@ def cmd_apply(args) -> int:
               file=sys.stderr)
         return 1
     if not report.get("within_tolerance", False):
-        print(f"kforge: end-to-end mismatch: max abs err {report.get('max_abs_err')}", file=sys.stderr)
+        why = next((n for n in report.get("notes") or [] if not n.startswith("accepted")), "")
+        print(f"kforge: end-to-end mismatch: max abs err {report.get('max_abs_err')}"
+              + (f" ({why})" if why else ""), file=sys.stderr)
         return 1
     return 0
 
@@ -340,6 +342,37 @@ def _progress(args, msg: str) -> None:
         print(f"kforge: {msg}", file=sys.stderr, flush=True)
 
 
+class _KforgeStdout:
+    """sys.stdout while a command runs: what kforge itself prints goes to stdout, what anything
+    else prints (a model's `print` in its forward or build(), a library) goes to stderr, so
+    `--json` output and the tables stay clean whatever the model prints."""
+
+    def __init__(self, out, err):
+        self._out, self._err = out, err
+
+    def _target(self):
+        f = sys._getframe(2)  # the frame that called print() (or wrote to sys.stdout)
+        name = f.f_globals.get("__name__", "") if f is not None else ""
+        return self._out if name == "kforge_tui" or name.startswith("kforge_tui.") \
+            or name == "__main__" and "kforge_tui" in (f.f_globals.get("__file__") or "") else self._err
+
+    def write(self, s):
+        return self._target().write(s)
+
+    def flush(self):
+        self._out.flush()
+        self._err.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._out, name)
+
+
+def _separate_user_output(args) -> bool:
+    """Not while the TUI owns the terminal: it draws on stdout itself."""
+    return args.command in ("profile", "apply", "show", "runs", "doctor") or \
+        (args.command in ("optimize", "resume") and not _use_tui(args))
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     parser = build_parser()
@@ -347,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    saved = sys.stdout
+    if _separate_user_output(args) and not isinstance(saved, _KforgeStdout):
+        sys.stdout = _KforgeStdout(saved, sys.stderr)
     try:
         return HANDLERS[args.command](args)
     except KforgeError as e:
@@ -364,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kforge: internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback)",
               file=sys.stderr)
         return 1
+    finally:
+        sys.stdout = saved
 
 
 if __name__ == "__main__":

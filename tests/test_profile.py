@@ -31,9 +31,12 @@ def test_every_task_has_a_row_ranked_by_time(tiny_profile):
     assert keys == set(traced.records)
     totals = [r.total_us for r in p.rows if r.target]
     assert totals == sorted(totals, reverse=True)
+    # a share is over the forward, or over the regions' sum when they add up to more than it
+    # (each timed alone carries its own call overhead; a busy machine): never above 100 %
+    denom = max(p.total_us, sum(r.total_us for r in p.rows))
     for r in p.rows:
         assert r.total_us == pytest.approx(r.mean_us * r.calls)
-        assert r.share == pytest.approx(r.total_us / p.total_us)
+        assert r.share == pytest.approx(r.total_us / denom)
 
 
 def test_heaviest_regions_are_also_timed_compiled(tiny_profile):

@@ -10,6 +10,7 @@ around each, median and spread of many, re-timed while the spread is high.
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 
@@ -34,40 +35,113 @@ def _tensors(out, prefix="out"):
     elif isinstance(out, (list, tuple)):
         for i, v in enumerate(out):
             yield from _tensors(v, f"{prefix}[{i}]")
+    elif dataclasses.is_dataclass(out) and not isinstance(out, type):
+        for f in dataclasses.fields(out):  # a library's output class (logits=..., hidden=...)
+            yield from _tensors(getattr(out, f.name, None), f"{prefix}.{f.name}")
     # anything else (caches, None, strings) carries no comparable numbers
 
 
-def _forward(model, inputs):
+def _copy(t):
+    """A copy of a tensor with the same sizes and strides, expanded (stride 0) ones included."""
+    from kforge_tui.regions.meta import storage_span
+
+    span = storage_span(t.shape, t.stride())
+    base = t.detach().as_strided((max(1, span),), (1,)).clone()
+    return base.as_strided(tuple(t.shape), tuple(t.stride()))
+
+
+def _fresh_copy(inputs):
+    """The inputs with every tensor copied: a forward that mutates its inputs in place
+    (`x.sub_(...)`) must not change what the next forward being compared sees."""
     import torch
 
+    if isinstance(inputs, torch.Tensor):
+        return _copy(inputs) if inputs.numel() else inputs.clone()
+    if isinstance(inputs, dict):
+        return {k: _fresh_copy(v) for k, v in inputs.items()}
+    if isinstance(inputs, (list, tuple)):
+        return _rebuild(inputs, [_fresh_copy(v) for v in inputs])
+    return inputs
+
+
+def _rebuild(seq, items: list):
+    """A list, tuple or namedtuple like `seq` holding `items`."""
+    if hasattr(seq, "_fields"):
+        return type(seq)(*items)
+    return type(seq)(items)
+
+
+class _State:
+    """The model's buffers as they were before the first compared forward, put back before each
+    one: a stateful model (a running mean, a step counter updated in place) must start every
+    forward that is compared from the same state."""
+
+    def __init__(self, model):
+        import torch
+
+        with torch.no_grad():
+            self.saved = [(b, b.detach().clone()) for _, b in model.named_buffers()]
+
+    def restore(self):
+        import torch
+
+        with torch.no_grad():
+            for b, v in self.saved:
+                if not torch.equal(b, v):
+                    b.copy_(v)
+
+
+def _forward(model, inputs, state: _State | None = None):
+    import torch
+
+    if state is not None:
+        state.restore()
+    inputs = _fresh_copy(inputs)
     with torch.inference_mode():
         out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
     return [(n, t.detach().clone()) for n, t in _tensors(out)]
 
 
 def fresh_like(inputs, seed: int):
-    """Inputs of the same structure, shapes and dtypes with new values in the same range."""
+    """Inputs of the same structure, shapes, dtypes and strides with new values: floats drawn
+    with the example's mean and spread, integers from the values the example holds."""
     import torch
+
+    from kforge_tui.regions.meta import storage_span
 
     g = torch.Generator().manual_seed(seed)
 
     def one(t):
         if not isinstance(t, torch.Tensor):
             return t
+        if t.dtype == torch.bool or t.numel() == 0:
+            return _copy(t) if t.numel() else t.clone()
+        # new values in the same strides (a transposed or expanded input stays one: the
+        # compiled graph, and the kernels in it, were made for those strides)
+        span = max(1, storage_span(t.shape, t.stride()))
         if t.is_floating_point():
             f = t.detach().float().cpu()
             std = float(f.std()) if f.numel() > 1 else 1.0
             std = std if std > 0 else 1.0
-            v = torch.randn(t.shape, generator=g) * std + float(f.mean())
-            return v.to(t.dtype).to(t.device)
-        if t.dtype == torch.bool or t.numel() == 0:
-            return t.clone()
-        lo, hi = int(t.min()), int(t.max())
-        return torch.randint(lo, hi + 1, t.shape, generator=g, dtype=t.dtype).to(t.device)
+            v = torch.randn(span, generator=g) * std + float(f.mean())
+        else:
+            # integers are ids, classes, indices or sentinels (ignore_index=-100): new draws
+            # from the values the example holds, so each stays one the model accepts
+            seen = torch.unique(t.detach().cpu())
+            v = seen[torch.randint(0, seen.numel(), (span,), generator=g)]
+        v = v.to(t.dtype).to(t.device)
+        return v.as_strided(tuple(t.shape), tuple(t.stride()))
+
+    def walk(x):  # tensors inside dicts, lists and tuples get new values too
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return _rebuild(x, [walk(v) for v in x])
+        return one(x)
 
     if isinstance(inputs, dict):
-        return {k: one(v) for k, v in inputs.items()}
-    return tuple(one(v) for v in inputs)
+        return {k: walk(v) for k, v in inputs.items()}
+    return tuple(walk(v) for v in inputs)
 
 
 def compare(ref: list, got: list) -> dict:
@@ -76,6 +150,10 @@ def compare(ref: list, got: list) -> dict:
 
     worst_abs = worst_rel = 0.0
     within, notes = True, []
+    if not ref and not got:
+        return {"max_abs_err": 0.0, "max_rel_err": 0.0, "within_tolerance": False,
+                "notes": ["the model's outputs hold no tensor kforge can compare (tensors, "
+                          "tuples, lists, dicts and dataclasses are looked into): unchecked"]}
     if [n for n, _ in ref] != [n for n, _ in got]:
         return {"max_abs_err": float("inf"), "max_rel_err": float("inf"), "within_tolerance": False,
                 "notes": ["output structure differs"]}
@@ -185,9 +263,20 @@ def check_end_to_end(loaded, run_dir, *, fresh_inputs: int = 1, iters: int = 20,
     compile_fn = torch.compile(model, mode=inductor_mode, dynamic=False) if mode == "compile" else None
     sets = [inputs] + [fresh_like(inputs, seed) for seed in range(1, fresh_inputs + 1)]
     device_type = _device_type(loaded)
+    quiet = rt._trace.quiet_dynamo()  # graph breaks were reported at capture, in one line each
+    quiet.__enter__()
     try:
-        ref = [_forward(model, s) for s in sets]
-        got = [_forward(kforge_fn, s) for s in sets]
+        state = _State(model)
+        ref, dropped = [_forward(model, sets[0], state)], []
+        for i, s in enumerate(sets[1:], 1):
+            try:
+                ref.append(_forward(model, s, state))
+            except Exception as e:  # noqa: BLE001 - the model's own forward refused new values
+                dropped.append(f"fresh inputs {i}: not used, the original model's forward raised "
+                               f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
+                sets[i] = None
+        sets = [s for s in sets if s is not None]
+        got = [_forward(kforge_fn, s, state) for s in sets]
         calls = dict(runtime.counts)
         fallbacks = runtime.fallbacks
 
@@ -199,13 +288,15 @@ def check_end_to_end(loaded, run_dir, *, fresh_inputs: int = 1, iters: int = 20,
             cmp["within_tolerance"] &= c["within_tolerance"]
             label = "example inputs" if i == 0 else f"fresh inputs {i}"
             cmp["notes"] += [f"{label}: {n}" for n in c["notes"]]
+        cmp["notes"] += dropped
         if not cmp["within_tolerance"]:
             # A fixed element-wise tolerance is too strict for deep models: rounding differences
             # of a few ulps in one region grow through the layers after it (and torch.compile's
             # own fusions change them too). The fair question is whether kforge's model is as
             # close to the exact answer as the original: compare both against a higher-precision
             # run of the original model on the same inputs.
-            f64 = float64_judgement(model, sets[0], ref[0], got[0])
+            state.restore()
+            f64 = float64_judgement(model, _fresh_copy(sets[0]), ref[0], got[0])
             cmp["float64_check"] = f64
             if f64.get("verdict") == "as accurate":
                 cmp["within_tolerance"] = True
@@ -221,8 +312,16 @@ def check_end_to_end(loaded, run_dir, *, fresh_inputs: int = 1, iters: int = 20,
             _forward(compile_fn, inputs)  # compile outside the timed loop
         runtime.reset_counts()
         times = _time_alternated(fns, inputs, device_type, iters, warmup)
+        state.restore()  # the model is left as it was
     finally:
+        quiet.__exit__(None, None, None)
         rt._RUNTIMES.pop(id(runtime), None)
+    skipped = dict(base["skipped"])
+    for s in prep.specs:  # built and loaded, yet its region was not found in the compiled graph
+        if not runtime.replaced.get(s["task_id"]):
+            skipped[s["task_id"]] = ("its region was not found in the graph torch.compile "
+                                     "captured now (the kernel was not used)")
+    base = dict(base, skipped=skipped)
     med = {k: statistics.median(v) for k, v in times.items()}
     spreads = {k: _spread(v) for k, v in times.items()}
     kernels = [{"task_id": s["task_id"], "op": s["op"], "shape": s["shape"], "dtype": s["dtype"],

@@ -40,7 +40,20 @@ except ImportError:
 ENTRY = "kforge_launch"
 MODES = ("compile", "eager")
 # One op per copy of this file: kforge itself and an exported package can live in one process.
-_TOKEN = hashlib.sha1(os.path.abspath(__file__).encode()).hexdigest()[:10]
+# Its text is in the name too: Inductor's FX graph cache keys on the graph's code, in which the
+# op appears by name, so a graph compiled with an older version of the op (other layout
+# constraints) is not reused by this one.
+def _token() -> str:
+    h = hashlib.sha1(os.path.abspath(__file__).encode())
+    try:
+        with open(__file__, "rb") as f:
+            h.update(f.read())
+    except OSError:
+        pass
+    return h.hexdigest()[:10]
+
+
+_TOKEN = _token()
 OP_NAME = f"kforge::region_{_TOKEN}"
 
 
@@ -89,7 +102,10 @@ class Kernel:
         if len(tensors) != len(self.inputs):
             return False
         for t, (shape, dt, stride) in zip(tensors, self.inputs):
-            if t.dtype != dt or tuple(t.shape) != shape or t.stride() != stride or t.is_cuda != self.cuda:
+            if t.dtype != dt or tuple(t.shape) != shape or t.is_cuda != self.cuda:
+                return False
+            # the stride of a dim of size 1 never moves a pointer ([16, 1] as (1, 0) or (1, 1))
+            if any(a != b for a, b, n in zip(t.stride(), stride, shape) if n > 1):
                 return False
         return True
 
@@ -162,9 +178,17 @@ def region_op():
     if _OP is not None:
         return _OP
 
-    @torch.library.custom_op(OP_NAME, mutates_args=())
     def region(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         return _find(key).run(key, inputs)
+
+    # A kernel takes its inputs in the exact strides it was verified on: Inductor must hand
+    # them over so (the strides are the fake values in the call's `eager_input_vals`).
+    tag = getattr(torch.Tag, "needs_exact_strides", None)
+    try:
+        region = torch.library.custom_op(OP_NAME, mutates_args=(),
+                                         tags=(tag,) if tag is not None else ())(region)
+    except TypeError:  # a torch whose custom_op takes no tags
+        region = torch.library.custom_op(OP_NAME, mutates_args=())(region)
 
     @region.register_fake
     def _(key, inputs):
@@ -182,7 +206,10 @@ def rewrite(gm: fx.GraphModule, runtime: Runtime, backend: str) -> int:
     """Replace every region of `gm` that has a verified kernel by one custom-op call."""
     op = region_op()
     part = _partition.partition(gm)
-    done = 0
+    # Every key is computed on the untouched graph first: replacing a region rewires its
+    # consumers to the custom op's results, so a later region's spec, read after that, would
+    # name arguments outside itself and no longer match its kernel (two adjacent winners).
+    chosen = []
     for spec in part.regions:
         if spec.unsupported:
             continue
@@ -202,9 +229,12 @@ def rewrite(gm: fx.GraphModule, runtime: Runtime, backend: str) -> int:
         k = runtime.kernels.get(key)
         if k is None:
             continue
-        _replace(gm, spec, op, key)
+        chosen.append((spec, key, k))
+    subst: dict = {}  # a replaced region's output node -> the getitem of its custom-op call
+    for spec, key, k in chosen:
+        _replace(gm, spec, op, key, subst)
         runtime.replaced[k.task_id] = runtime.replaced.get(k.task_id, 0) + 1
-        done += 1
+    done = len(chosen)
     if done:
         from torch.fx.passes.tools_common import legalize_graph
 
@@ -215,12 +245,18 @@ def rewrite(gm: fx.GraphModule, runtime: Runtime, backend: str) -> int:
     return done
 
 
-def _replace(gm: fx.GraphModule, spec, op, key: str) -> None:
+def _replace(gm: fx.GraphModule, spec, op, key: str, subst: dict | None = None) -> None:
     g = gm.graph
+    subst = {} if subst is None else subst
     members = set(spec.nodes)
     with g.inserting_before(spec.nodes[0]):
-        call = g.call_function(op, (key, list(spec.inputs)))
+        call = g.call_function(op, (key, [subst.get(i, i) for i in spec.inputs]))
         call.meta["val"] = [o.meta.get("val") for o in spec.outputs]
+        # The exact layouts the kernel was verified on. Without them Inductor treats an op
+        # inserted by a graph pass as free of layout constraints and may hand it a buffer laid
+        # out its own way (a channels_last conv input came in contiguous): every call would
+        # fall back to the region's graph. With them it constrains the inputs to these strides.
+        call.meta["eager_input_vals"] = ((key, [i.meta.get("val") for i in spec.inputs]), {})
         call.meta["stack_trace"] = spec.nodes[0].meta.get("stack_trace")
         outs = []
         for j, o in enumerate(spec.outputs):
@@ -228,6 +264,7 @@ def _replace(gm: fx.GraphModule, spec, op, key: str) -> None:
             gi.meta["val"] = o.meta.get("val")
             outs.append(gi)
     for o, gi in zip(spec.outputs, outs):
+        subst[o] = gi
         for user in list(o.users):
             if user not in members:
                 user.replace_input_with(o, gi)

@@ -35,7 +35,7 @@ def task_from_spec(spec: P.RegionSpec, backend: str) -> Task | None:
         return None
     graph = spec.graph if spec.graph is not None else P.extract(spec)
     spec.graph = graph
-    main = spec.nodes[0]
+    main = trace.source_node(spec.nodes)
     return Task(op=spec.label, kind=spec.kind, graph=graph, inputs=ins, outputs=outs,
                 backend=backend, source=trace.source_line(main), module=trace.module_path(main),
                 aten=" ".join(spec.ops[:12]) + (" …" if len(spec.ops) > 12 else ""),

@@ -13,10 +13,13 @@ Rules (docs/ARCHITECTURE.md "Regions" states them for users):
      the same rows: its size is that of the reduction's input or output.
   4. Fusing never creates a cycle between regions (checked on ancestor bit sets).
   5. A chain of views alone does no work: it joins its only consumer region, else it is
-     listed as skipped.
+     listed as skipped. So is a region whose every output is empty (zero elements: any kernel
+     or pattern "matches" it) and a fused chain with no input at all (iota/arange arithmetic
+     such as F.interpolate's indices: a constant).
   6. What cannot become a kernel is a region all the same, marked unsupported with the reason
-     (random ops, in-place mutation of an input, complex or quantized dtypes, symbolic sizes),
-     so the profile lists it and nothing is dropped silently.
+     (random ops, in-place mutation of an input, complex or quantized dtypes, symbolic sizes,
+     an input that overlaps itself in memory such as an expanded model input), so the profile
+     lists it and nothing is dropped silently.
 
 The partitioner is pure (fx graph in, region specs out) and deterministic, so that capture
 (workload) and integration (torch.compile backend) find the same regions in the same graph.
@@ -345,6 +348,15 @@ def partition(gm: fx.GraphModule) -> Partition:
         if all(cats[m] in ("view", "getitem") for m in g.members):
             out.skipped.append((spec.label, "views only: no data moves"))
             continue
+        if not spec.unsupported and spec.outputs and all(_numel(o) == 0 for o in spec.outputs):
+            # every output is empty: a kernel would do nothing, and any pattern "matches" it
+            out.skipped.append((spec.label, "zero elements: nothing to compute"))
+            continue
+        if not spec.unsupported and g.fusible and not spec.inputs:
+            # iota/arange/full arithmetic (interpolate's indices, masks): the same values on
+            # every call, which torch.compile computes as it likes; not worth a search
+            out.skipped.append((spec.label, "a constant (depends on no input)"))
+            continue
         spec.index = len(out.regions)
         out.regions.append(spec)
     return out
@@ -371,6 +383,8 @@ def _spec(g: _Group, cats, reasons, idx) -> RegionSpec | None:
         kind = "compute"
         main = next((m for m in g.members if cats[m] not in ("view", "getitem")), g.members[0])
         label = FRIENDLY.get(short_name(main.target), short_name(main.target))
+        if label == "matmul" and _semantic_name(main) == "linear":
+            label = "linear"  # a Linear without bias is an mm (with it, addmm)
     else:
         kind = "reduction" if has_red else "pointwise"
         uniq = list(dict.fromkeys(_semantic_name(m) for m in g.members
@@ -378,6 +392,11 @@ def _spec(g: _Group, cats, reasons, idx) -> RegionSpec | None:
         uniq = uniq or list(dict.fromkeys(ops))
         label = "+".join(uniq[:3]) + ("+…" if len(uniq) > 3 else "")
     why = next((reasons[m] for m in g.members if reasons[m]), "")
+    if not why:
+        why = next((f"an input {list(_val(a).shape)} with strides {list(_val(a).stride())} "
+                    "overlaps itself in memory (an expanded tensor): test values cannot be "
+                    "written into it" for a in inputs
+                    if isinstance(_val(a), torch.Tensor) and _overlaps(_val(a))), "")
     if not why and not outputs:
         why = "computes nothing the model uses"
     return RegionSpec(list(g.members), inputs, outputs, kind, label, why)
@@ -428,6 +447,20 @@ def semantic_names(spec: "RegionSpec") -> list[str]:
     return list(dict.fromkeys(_semantic_name(m) for m in spec.nodes
                               if m.target is not operator.getitem
                               and short_name(m.target) not in _LABEL_SKIP))
+
+
+def _overlaps(t: torch.Tensor) -> bool:
+    """Do two elements of `t` share one memory location (expand, as_strided)?"""
+    try:
+        dims = sorted((int(st), int(sz)) for sz, st in zip(t.shape, t.stride()) if int(sz) > 1)
+    except Exception:  # symbolic sizes: reported elsewhere
+        return False
+    span = 1  # elements covered by the dims of smaller stride
+    for st, sz in dims:
+        if st < span:
+            return True
+        span = st * (sz - 1) + span
+    return False
 
 
 def _is_multi(node: fx.Node) -> bool:

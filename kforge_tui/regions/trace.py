@@ -68,6 +68,32 @@ def inductor_inner(gm: fx.GraphModule, example_inputs: list, kwargs: dict):
     return compile_fx_inner(gm, example_inputs, **kwargs)
 
 
+class quiet_dynamo:
+    """Dynamo's graph-break warnings (a dozen lines each, with hints) off for a while: kforge
+    reports each break in one line itself (workload/capture.py)."""
+
+    NAMES = ("torch._dynamo", "torch._inductor")
+
+    def __enter__(self):
+        import logging
+        import os
+
+        self._saved = []
+        if os.environ.get("TORCH_LOGS"):  # the user asked for torch's own logs: keep them
+            return self
+        for name in self.NAMES:
+            lg = logging.getLogger(name)
+            self._saved.append((lg, lg.level))
+            if lg.getEffectiveLevel() < logging.ERROR:
+                lg.setLevel(logging.ERROR)
+        return self
+
+    def __exit__(self, *exc):
+        for lg, level in self._saved:
+            lg.setLevel(level)
+        return False
+
+
 def source_line(node: fx.Node) -> str:
     """`file.py:123 code` of the innermost frame outside torch, from dynamo's stack trace."""
     import os
@@ -93,6 +119,12 @@ def source_line(node: fx.Node) -> str:
         path, line_no, code = frames[-1]
         return f"{os.path.basename(path)}:{line_no} {code}".strip()
     return ""
+
+
+def source_node(nodes) -> fx.Node:
+    """The first of a region's nodes that carries a model source line (nodes made by AOT
+    autograd's functionalization or Inductor's passes may have none); else the first node."""
+    return next((n for n in nodes if n.meta.get("stack_trace")), nodes[0])
 
 
 def module_path(node: fx.Node) -> str:

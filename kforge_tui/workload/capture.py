@@ -66,6 +66,7 @@ class Traced:
     skipped: list[tuple[str, str]]  # (what, why)
     graphs: int  # graphs dynamo captured (graph breaks + 1)
     ref_mismatch: dict[str, int] = field(default_factory=dict)  # task key -> calls not reproduced
+    breaks: list[str] = field(default_factory=list)  # why dynamo broke the graph (one line each)
 
     def tasks(self) -> list[Task]:
         return [r.task for r in sorted(self.records.values(), key=lambda r: r.first_index)]
@@ -101,7 +102,7 @@ class _Recorder:
         plans = []  # (spec, task key)
         for spec in part.regions:
             if spec.unsupported:
-                key = (spec.label, spec.unsupported, trace.source_line(spec.nodes[0]))
+                key = (spec.label, spec.unsupported, trace.source_line(trace.source_node(spec.nodes)))
                 if key in self.unsupported:
                     self.unsupported[key].calls += 1
                 else:
@@ -177,15 +178,51 @@ def trace_model(loaded, backend: str = "cpu", *, max_calls: int = 3,
     loaded.run()  # the model's own errors first, in its own terms (dynamo would log a trace)
     compiled = torch.compile(loaded.model, backend=trace.make_backend(rec.hook), dynamic=False)
     traced_model = replace(loaded, model=compiled)
+    before = _break_counts()
     try:
-        traced_model.run()
+        with trace.quiet_dynamo():
+            traced_model.run()
     except UsageError as e:
         raise UsageError(f"{loaded.spec}: torch.compile could not capture the model's graph "
                          f"(its eager forward runs): {str(e).split('raised', 1)[-1].strip()}") from e
-    traced = Traced(rec.records, list(rec.unsupported.values()), rec.skipped, rec.graphs)
+    traced = Traced(rec.records, list(rec.unsupported.values()), rec.skipped, rec.graphs,
+                    breaks=_break_reasons(before, _break_counts()))
     _check_references(traced)
     _name_patterns(traced, loaded.device)
     return traced
+
+
+def _break_counts() -> dict[str, int]:
+    """dynamo's own tally of graph breaks and of frames it gave up on (reason text -> count)."""
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:  # noqa: BLE001 - an older or newer torch without it: no reasons, no harm
+        return {}
+    out: dict[str, int] = {}
+    for group in ("graph_break", "unimplemented"):
+        for k, v in dict(counters.get(group, {})).items():
+            out[str(k)] = out.get(str(k), 0) + int(v)
+    return out
+
+
+def _break_reasons(before: dict[str, int], after: dict[str, int]) -> list[str]:
+    """One line per new reason: its title, dynamo's explanation and the model line it names."""
+    import re
+
+    out = []
+    for text, n in after.items():
+        if n <= before.get(text, 0):
+            continue
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        title = lines[0] if lines else "graph break"
+        expl = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Explanation:")), "")
+        where = re.search(r'File "([^"]+)", line (\d+)', text)
+        line = title if not expl or expl.rstrip(".") in title else f"{title}: {expl}"
+        if where and "/torch/" not in where.group(1):
+            line += f" ({Path(where.group(1)).name}:{where.group(2)})"
+        if line not in out:
+            out.append(line[:240])
+    return out
 
 
 def _name_patterns(traced: Traced, device: str) -> None:

@@ -4,7 +4,8 @@ Each task (a region at one set of shapes; workload/capture.py) is timed on its c
 inputs twice, in this process and on the model's device: eager (its aten ops one by one, the
 region's own graph run by PyTorch) and compiled (torch.compile of the region alone, for the
 heaviest regions). A task's time in the forward is its eager time times its calls; its share is
-that over the eager forward, timed the same way. Rows are ranked by that time. Unsupported
+that over the eager forward, timed the same way (over the sum of the regions' times when that
+is larger: each region timed alone carries its own call overhead, so shares never pass 100 %). Rows are ranked by that time. Unsupported
 regions are listed with their reason, never dropped.
 
 Timing here is the profile's ranking, not a verdict: candidates are timed again in the sandbox,
@@ -152,6 +153,12 @@ def profile_regions(loaded, traced, *, compile_top: int = 5, budget_s: float = 0
         if on_progress:
             on_progress(k + 1, len(records))
     rows.sort(key=lambda r: r.total_us, reverse=True)
+    # Regions timed alone can add up to more than the forward timed whole (launch overheads,
+    # a busy machine): shares are then over their sum, so that none says more than 100 %.
+    summed = sum(r.total_us for r in rows)
+    if summed > fwd > 0:
+        for r in rows:
+            r.share = r.total_us / summed
     notes = []
     for row in [r for r in rows if r.target][:max(0, compile_top)]:
         gm, ins = gms[row.task_key]
@@ -169,8 +176,17 @@ def profile_regions(loaded, traced, *, compile_top: int = 5, budget_s: float = 0
                                source=u.source, reason=u.reason))
     for what, why in _count(traced.skipped):
         notes.append(f"skipped {what}: {why}")
-    if traced.graphs > 1:
+    breaks = getattr(traced, "breaks", None) or []
+    if traced.graphs == 0 and breaks:
+        notes.append(f"torch.compile captured no graph: the model runs eagerly under "
+                     f"torch.compile too ({breaks[0]})")
+        breaks = breaks[1:]
+    elif traced.graphs == 0:
+        notes.append("torch.compile captured no graph: the forward does no tensor operation")
+    elif traced.graphs > 1:
         notes.append(f"{traced.graphs} graphs captured (graph breaks); regions come from all of them")
+    for b in breaks:
+        notes.append(f"graph break: {b}")
     if not any(r.target for r in rows):
         notes.append("no region kforge can write a kernel for")
     return Profile(rows=rows, total_us=fwd, device=device, iters=1, notes=notes)
