@@ -1,5 +1,10 @@
 """C source shared by every kernel generator (the families and search/codegen).
 
+OMP_MIN_WORK: CPU kernels split work over an OpenMP team only from this many elements up. Waking
+a team costs microseconds, and inside a model's process PyTorch's own OpenMP pool (a second
+runtime) can still be spinning on the same cores after its last op, which costs milliseconds;
+below this size one thread is faster anyway.
+
 CPU candidates receive half and bfloat16 tensors as raw bits (`uint16_t`, regions/abi.py): these
 are the conversions to and from float, rounding to nearest even and keeping NaN, written once.
 """
@@ -32,3 +37,6 @@ inline uint16_t kf_f2h(float f) {
   return (uint16_t)(sign | h);
 }
 """
+
+OMP_MIN_WORK = 16384
+CPU_OMP_MIN_WORK = f"enum {{ kf_omp_min_work = {OMP_MIN_WORK} }};\n"  # a constant, not a macro (KF_ is the ABI's)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 
 from kforge_tui.search import designs
+from kforge_tui.search.csrc import OMP_MIN_WORK
 from kforge_tui.search.codegen import kbuild as K
 from kforge_tui.search.codegen.ir import ELEM_BYTES, Emitter, Scope, broadcast_idx, region_of
 from kforge_tui.search.codegen.sym import Unsupported, const, ravel, unravel, var
@@ -335,7 +336,7 @@ def cpu_render(task, p: dict) -> str:
     em.pop(), em.pop(), em.pop()
     body = [K.ptr_decls(task, "cpu")]
     body += ["  " + ln for ln in ks.lines]
-    par = f"#pragma omp parallel for schedule(static, {per}) if({NO} > 1 && {plan.N} >= 16384)"
+    par = f"#pragma omp parallel for schedule(static, {per}) if({NO} > 1 && {plan.N} >= {OMP_MIN_WORK})"
     body += [par, f"  for (int64_t o = 0; o < {NO}LL; ++o) {{"]
     body += ["    " + ln for ln in os_.lines]
     bound = f"{ic}LL"

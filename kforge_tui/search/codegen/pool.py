@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kforge_tui.search.csrc import OMP_MIN_WORK
 from kforge_tui.search.codegen.compute import (
     FLOATS, Operand, OutRef, compute_design, analyze, entry_fill, fill, load, off_expr, prelude, store,
     usable)
@@ -535,7 +536,7 @@ extern "C" int kforge_launch(const void* const* inputs, void* const* outputs) {
 @FILL@
   const int64_t lines = @LINES@LL, n = @N@LL;
   if (lines * n == 0) return 0;
-#pragma omp parallel for schedule(static, @CHUNK@)
+#pragma omp parallel for schedule(static, @CHUNK@) if(lines > 1 && lines * n >= @OMP_MIN@)
   for (int64_t line = 0; line < lines; ++line) {
 @DECOMP@
     const kf_in@XI@_t* xp = @XP@ + @XOFF@;
@@ -606,7 +607,7 @@ def render_scan(task, p: dict) -> str:
                   LDX=ldx, OS=o.strides[dim] if r else 0,
                   STY=store(o.dtype, b, "a" if b == "cpu" else "v"))
     if b == "cpu":
-        return prelude("cpu") + fill(_CPU_SCAN, CHUNK=p["chunk"], **fields)
+        return prelude("cpu") + fill(_CPU_SCAN, CHUNK=p["chunk"], OMP_MIN=OMP_MIN_WORK, **fields)
     return prelude("cuda") + fill(_CUDA_SCAN, WARPS=p["warps"], **fields)
 
 
@@ -622,7 +623,7 @@ extern "C" int kforge_launch(const void* const* inputs, void* const* outputs) {
 @FILL@
   const int64_t rows = @ROWS@LL, inner = @INNER@LL;
   if (rows * inner == 0) return 0;
-#pragma omp parallel for schedule(static, @CHUNK@)
+#pragma omp parallel for schedule(static, @CHUNK@) if(rows > 1 && rows * inner >= @OMP_MIN@)
   for (int64_t row = 0; row < rows; ++row) {
 @DECOMP@
     for (int64_t @IN@ = 0; @IN@ < inner; ++@IN@) kf_one(P, @CALL@);
@@ -678,7 +679,7 @@ def _render(backend: str, names, sizes, strides, body: str, acc: str, p: dict) -
                              [strides[d] for d in rest], "row")
         else:
             dec = "    (void)row;"
-        return prelude("cpu") + fill(_CPU_KERNEL, ACC=acc, ARGS=args, BODY=body, FILL=entry_fill("cpu"),
+        return prelude("cpu") + fill(_CPU_KERNEL, OMP_MIN=OMP_MIN_WORK, ACC=acc, ARGS=args, BODY=body, FILL=entry_fill("cpu"),
                                      ROWS=total // max(1, sizes[inner_d]), INNER=sizes[inner_d],
                                      CHUNK=p["chunk"], DECOMP=dec, IN=names[inner_d], CALL=call)
     dec, _ = _decomp(names, sizes, strides, "t", indent="      ")

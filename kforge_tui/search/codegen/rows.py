@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 
 from kforge_tui.search import designs
+from kforge_tui.search.csrc import OMP_MIN_WORK
 from kforge_tui.search.codegen import kbuild as K
 from kforge_tui.search.codegen.ir import (COMPUTE_C, ELEM_BYTES, FLOATS, HALF, INTS, STORE_C, Emitter,
                                           Scope, cast, literal, region_of)
@@ -1009,7 +1010,7 @@ class CpuRed:
         # the unit loop
         out = ["{"] + ["  " + x for x in ks.lines]
         work = P.ROWS * P.N
-        out.append(f"#pragma omp parallel for schedule(static) if({units} > 1 && {work} >= 16384)")
+        out.append(f"#pragma omp parallel for schedule(static) if({units} > 1 && {work} >= {OMP_MIN_WORK})")
         out.append(f"  for (int64_t u = 0; u < {units}LL; ++u) {{")
         per = units // self.NU
         if per > 1:

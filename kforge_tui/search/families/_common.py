@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kforge_tui.regions.patterns import OpTask
 from kforge_tui.regions import patterns
-from kforge_tui.search.csrc import CPU_HALF_CONVERSIONS
+from kforge_tui.search.csrc import CPU_HALF_CONVERSIONS, CPU_OMP_MIN_WORK
 
 ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -278,7 +278,7 @@ def cuda_head(task: OpTask, in_dtype: str | None = None, out_dtype: str | None =
 # ------------------------------------------------------------------------------- CPU
 
 _CPU_HELPERS = r"""#include <string.h>
-typedef @TI@ TI;
+@OMP_MIN@typedef @TI@ TI;
 typedef @TO@ TO;
 
 // half / bfloat16 arrive as raw bits in uint16_t; conversions are exact (RNE, NaN kept).
@@ -499,7 +499,7 @@ def cpu_head(task: OpTask, in_dtype: str | None = None, out_dtype: str | None = 
     return sig.prelude() + fill(_CPU_HELPERS + _CPU_SIMD, TI=patterns.CPU_CTYPE[ti],
                                 TO=patterns.CPU_CTYPE[to], CONV_IN=_CONV_IN[ti], CONV_OUT=_CONV_OUT[to],
                                 CONV_ROUND=_CONV_OUT[ti], VIN=_VIN[ti], VOUT=_VOUT[to], VROUND=_VOUT[ti],
-                                HALF=CPU_HALF_CONVERSIONS.rstrip("\n"))
+                                HALF=CPU_HALF_CONVERSIONS.rstrip("\n"), OMP_MIN=CPU_OMP_MIN_WORK)
 
 
 def entry(task: OpTask, backend: str, body: str) -> str:

@@ -351,12 +351,12 @@ _CPU_FLAT = r"""
 // Threads take contiguous runs of whole vectors; the last (< SIMD_W) elements go scalar.
 inline int kf_flat(const TI* x, TO* y, int64_t numel) {
   if (!ELT_VEC) {
-#pragma omp parallel for simd schedule(static, @GRAIN@)
+#pragma omp parallel for simd schedule(static, @GRAIN@) if(numel >= kf_omp_min_work)
     for (int64_t i = 0; i < numel; ++i) y[i] = kf_out(kf_op(kf_in(x[i])));
     return 0;
   }
   const int64_t nvec = numel / SIMD_W;
-#pragma omp parallel for schedule(static, @GRAIN@ / SIMD_W)
+#pragma omp parallel for schedule(static, @GRAIN@ / SIMD_W) if(numel >= kf_omp_min_work)
   for (int64_t b = 0; b < nvec; ++b) kf_vout(y + b * SIMD_W, kf_vop(kf_vin(x + b * SIMD_W)));
   for (int64_t i = nvec * SIMD_W; i < numel; ++i) y[i] = kf_out(kf_sop(kf_in(x[i])));
   return 0;
@@ -383,7 +383,7 @@ register(Family("flat_omp", FLAT_OPS, "cpu",
 _CPU_ROWS = r"""
 inline int kf_silu_mul(const TI* a, int64_t sa, const TI* b, int64_t sb, TO* y, int64_t rows, int64_t cols) {
   const int64_t nv = ELT_VEC ? cols - cols % SIMD_W : 0;
-#pragma omp parallel for schedule(static, @GRAIN@)
+#pragma omp parallel for schedule(static, @GRAIN@) if(rows > 1 && rows * cols >= kf_omp_min_work)
   for (int64_t r = 0; r < rows; ++r) {
     const TI* ar = a + r * sa;
     const TI* br = b + r * sb;

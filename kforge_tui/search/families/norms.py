@@ -973,7 +973,7 @@ register(Family("cluster_group", ("group_norm",), "cuda", _GNC_SPACE, _gnc_defau
 _CPU_ROWS = r"""
 inline int kf_norm_rows(const TI* x, const TI* w, const TI* b, TO* y, int64_t rows, int64_t n, float eps,
                         float woff) {
-#pragma omp parallel for schedule(static, @GRAIN@)
+#pragma omp parallel for schedule(static, @GRAIN@) if(rows > 1 && rows * n >= kf_omp_min_work)
   for (int64_t r = 0; r < rows; ++r) {
     const TI* xr = x + r * n;
     TO* yr = y + r * n;
@@ -1036,7 +1036,7 @@ inline int kf_group_norm(const TI* x, const TI* w, const TI* b, TO* y, int64_t N
   if (N <= 0 || C <= 0 || HxW <= 0) return 0;
   if (G <= 0 || C % G) return -1;
   const int64_t cg = C / G, ge = cg * HxW;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if(N * G > 1 && N * C * HxW >= kf_omp_min_work)
   for (int64_t ng = 0; ng < N * G; ++ng) {
     const TI* xg = x + ng * ge;
     TO* yg = y + ng * ge;

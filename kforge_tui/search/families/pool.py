@@ -388,7 +388,7 @@ inline int kf_pool(const TI* x, TO* y, int64_t NC, int64_t H, int64_t W, int64_t
     // Channels are contiguous runs of hw (49 at 7x7): whole vectors over the run (unaligned
     // loads, so hw need not be a multiple of SIMD_W), the rest scalar, one horizontal sum.
     const int64_t nv = hw - hw % SIMD_W;
-#pragma omp parallel for schedule(static, @GRAIN@)
+#pragma omp parallel for schedule(static, @GRAIN@) if(NC > 1 && NC * hw >= kf_omp_min_work)
     for (int64_t c = 0; c < NC; ++c) {
       const TI* xc = x + c * hw;
       kf_v acc = kf_vset(0.f);
@@ -399,7 +399,7 @@ inline int kf_pool(const TI* x, TO* y, int64_t NC, int64_t H, int64_t W, int64_t
     }
     return 0;
   }
-#pragma omp parallel for schedule(static, @GRAIN@)
+#pragma omp parallel for schedule(static, @GRAIN@) if(NC > 1 && NC * hw >= kf_omp_min_work)
   for (int64_t c = 0; c < NC; ++c) {
     const TI* xc = x + c * hw;
     for (int64_t oh = 0; oh < OH; ++oh) {

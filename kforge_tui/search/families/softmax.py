@@ -802,7 +802,7 @@ inline void kf_softmax_row_vec(const TI* xr, TO* yr, int64_t n) {
 
 inline int kf_softmax_rows(const TI* x, TO* y, int64_t outer, int64_t n, int64_t inner) {
   const int64_t rows = outer * inner;
-#pragma omp parallel for schedule(@SCHED@, @GRAIN@)
+#pragma omp parallel for schedule(@SCHED@, @GRAIN@) if(rows > 1 && rows * n >= kf_omp_min_work)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t o = r / inner, i = r - o * inner;
     const TI* xr = x + o * n * inner + i;
