@@ -50,6 +50,15 @@ def _silu_mul(dt):
     return f, (torch.randn(7, 2000, dtype=dt),)
 
 
+def _split_heads(x, c):
+    """q/k/v heads split from one projection (GQA: q wider), a RoPE-style half of k: one region
+    whose outputs lie on three iteration spaces."""
+    q, k, v = x.split([64, 32, 32], -1)
+    q = q.view(2, 16, 4, 16).transpose(1, 2)
+    k = k.view(2, 16, 2, 16).transpose(1, 2)
+    return q * c, -k[..., 8:], v.view(2, 16, 2, 16).transpose(1, 2) * 2
+
+
 def _rms_hand(x):
     return x / torch.sqrt(torch.mean(x ** 2, dim=-1, keepdim=True) + 1e-6)
 
@@ -135,6 +144,8 @@ CASES = {
                                torch.randn(8)), None),
     "bcast_outputs": (lambda x, w: (x * w.exp(), w.exp()), (torch.randn(6, 40), torch.randn(40)), None),
     "size_one": (lambda x, y: x * y + 1, (torch.randn(1), torch.randn(1, 1)), None),
+    "split_heads": (_split_heads, (torch.randn(2, 16, 128), torch.randn(16, 16)), None),
+    "split_heads_bf16": (_split_heads, (torch.randn(2, 16, 128, dtype=BF), torch.randn(16, 16, dtype=BF)), None),
     # ------------------------------------------------------------ reductions
     "softmax_f32": (lambda x: torch.softmax(x, -1), (torch.randn(7, 1000),), None),
     "softmax_dim0": (lambda x: torch.softmax(x, 0), (torch.randn(33, 40),), None),

@@ -1,6 +1,7 @@
 """Generated kernels for pointwise chains (regions with no reduction).
 
-The kernel iterates the index space D of the largest output; every value is computed from the
+The kernel iterates the index space D of the largest output (outputs that fit no common space
+are grouped by space, `groups`: one loop or kernel per group, in one launch); every value is computed from the
 region graph at that index (ir.Emitter), views and broadcasts are index maps, and each output is
 written at its own strides. An output smaller than D but broadcastable to it is written only by
 the threads whose broadcast coordinates are 0; one of D's size but another shape is written
@@ -34,16 +35,18 @@ CPU_SPACE = {"grain": (1024, 4096, 16384, 65536), "math": ("libm", "poly")}
 
 
 class Plan:
-    """Iteration space and output placement of a pointwise region."""
+    """Iteration space and output placement of a pointwise region (or of the group `ks` of
+    its outputs that share one iteration space; see `groups`)."""
 
-    def __init__(self, task):
+    def __init__(self, task, ks: tuple[int, ...] | None = None):
         R = region_of(task)
         if R.reductions:
             raise Unsupported("region has a reduction")
         outs = [R.vals[n] for n in R.outputs]
         if not outs:
             raise Unsupported("no outputs")
-        main = max(range(len(outs)), key=lambda k: (outs[k].numel, -k))
+        self.ks = tuple(range(len(outs))) if ks is None else tuple(ks)
+        main = max(self.ks, key=lambda k: (outs[k].numel, -k))
         self.R = R
         self.D = tuple(outs[main].shape)
         self.N = math.prod(self.D)
@@ -53,22 +56,15 @@ class Plan:
         self.PD = tuple(self.D[d] for d in self.order)
         if self.N == 0:
             raise Unsupported("empty output")
-        self.place = []
-        for k, o in enumerate(outs):
-            shp = tuple(o.shape)
-            if shp == self.D:
-                self.place.append(("same", ()))
-            elif len(shp) <= len(self.D) and all(s in (1, d) for s, d in zip(shp[::-1], self.D[::-1])):
-                off = len(self.D) - len(shp)
-                guard = tuple(d for d in range(len(self.D)) if self.D[d] != 1
-                              and (d < off or shp[d - off] == 1))
-                self.place.append(("bcast", guard))
-            elif o.numel == self.N:
-                self.place.append(("linear", ()))
-            else:
-                raise Unsupported(f"output {k} of shape {shp} is not on the iteration space {self.D}")
+        self.place = {}
+        for k in self.ks:
+            place = _placement(tuple(outs[k].shape), outs[k].numel, self.D, self.N)
+            if place is None:
+                raise Unsupported(f"output {k} of shape {tuple(outs[k].shape)} is not on the "
+                                  f"iteration space {self.D}")
+            self.place[k] = place
         self.leaf_bytes = max([ELEM_BYTES[m.dtype] for m in task.inputs if m.numel >= self.N] +
-                              [ELEM_BYTES[m.dtype] for m in task.outputs])
+                              [ELEM_BYTES[task.outputs[k].dtype] for k in self.ks])
 
     def didx(self, pidx) -> list:
         """D index from an index over the permuted (memory-order) shape PD."""
@@ -82,7 +78,8 @@ class Plan:
         space in memory order."""
         didx = self.didx(unravel(lin, self.PD))
         vals = []
-        for k, name in enumerate(self.R.outputs):
+        for k in self.ks:
+            name = self.R.outputs[k]
             mode, guard = self.place[k]
             shp = task.outputs[k].shape
             if mode == "same":
@@ -107,8 +104,43 @@ class Plan:
             K.store(em, task, k, K.out_offset(task.outputs[k], idx), val, access, guard, pack_scope, post)
 
 
+def _placement(shp: tuple, numel: int, D: tuple, N: int):
+    """How an output of shape `shp` is written from the iteration space D (None: it is not
+    on it): at D's own index, broadcast (written where its broadcast coordinates are 0), or
+    through the row-major linear index."""
+    if shp == D:
+        return ("same", ())
+    if len(shp) <= len(D) and all(s in (1, d) for s, d in zip(shp[::-1], D[::-1])):
+        off = len(D) - len(shp)
+        return ("bcast", tuple(d for d in range(len(D)) if D[d] != 1 and (d < off or shp[d - off] == 1)))
+    if numel == N:
+        return ("linear", ())
+    return None
+
+
+def groups(task) -> list[Plan]:
+    """The region's outputs in groups that share an iteration space, largest first: one loop
+    (cpu) or one kernel (cuda) each. A region whose outputs are views of one input in other
+    shapes (RoPE's halves, q/k/v split from one projection) is several pointwise pieces that
+    read the same memory; one launch runs them all."""
+    R = region_of(task)
+    outs = [R.vals[n] for n in R.outputs]
+    order = sorted(range(len(outs)), key=lambda k: (-outs[k].numel, k))
+    spaces: list[tuple[tuple, int, list[int]]] = []
+    for k in order:
+        shp, n = tuple(outs[k].shape), outs[k].numel
+        for D, N, ks in spaces:
+            if _placement(shp, n, D, N) is not None:
+                ks.append(k)
+                break
+        else:
+            spaces.append((shp, n, [k]))
+    return [Plan(task, tuple(sorted(ks))) for _, _, ks in spaces]
+
+
 def _plan(task) -> Plan:
-    return Plan(task)
+    """The plan of the largest group (sizes the design's parameters)."""
+    return groups(task)[0]
 
 
 # ------------------------------------------------------------------------------ cuda
@@ -166,7 +198,8 @@ def _cuda_body(task, plan: Plan, p: dict, vec: int, access: K.Access, name: str)
     return "\n".join(out)
 
 
-def _cuda_tail(task, plan: Plan, p: dict, start: int, n: int, access: K.Access) -> str:
+def _cuda_tail(task, plan: Plan, p: dict, start: int, n: int, access: K.Access,
+               name: str = "kf_pw_tail") -> str:
     em = Emitter(plan.R, "cuda", p["math"])
     em.load = K.cuda_loader(access)
     ks = em.push(Scope(()))
@@ -174,18 +207,13 @@ def _cuda_tail(task, plan: Plan, p: dict, start: int, n: int, access: K.Access) 
     plan.emit_outputs(em, task, var("t", n) + start, access)
     em.pop()
     em.pop()
-    return "\n".join([f"__global__ void kf_pw_tail({K.ptr_params(task, 'cuda')}) {{",
+    return "\n".join([f"__global__ void {name}({K.ptr_params(task, 'cuda')}) {{",
                       "  const int64_t t = threadIdx.x;", f"  if (t >= {n}) return;"]
                      + ["  " + ln for ln in ks.lines + es.lines] + ["}"])
 
 
 def cuda_render(task, p: dict) -> str:
-    plan = _plan(task)
-    vec = p["vec"]
-    threads, unroll = p["threads"], p["unroll"]
-    acc = K.Access()
-    kern = [_cuda_body(task, plan, p, vec, acc, "kf_pw")]
-    npk, tail = plan.N // vec, plan.N % vec
+    threads, unroll, vec0 = p["threads"], p["unroll"], p["vec"]
     args = K.ptr_args(task)
 
     def launch(kname, n_packs):
@@ -198,28 +226,37 @@ def cuda_render(task, p: dict) -> str:
                     f"    {kname}<<<(unsigned)nb, {threads}, 0, stream>>>({args});")
         return f"    {kname}<<<{blocks}, {threads}, 0, stream>>>({args});"
 
+    kern: list[str] = []
     body = [K.ptr_decls(task, "cuda")]
     if p["grid"] == "stride":
         body.append("  int kf_dev = 0, kf_sms = 132;\n  cudaGetDevice(&kf_dev);\n"
                     "  cudaDeviceGetAttribute(&kf_sms, cudaDevAttrMultiProcessorCount, kf_dev);")
-    if vec > 1:
-        sacc = K.Access()
-        kern.append(_cuda_body(task, plan, p, 1, sacc, "kf_pw_scalar"))
-        if tail:
-            kern.append(_cuda_tail(task, plan, p, npk * vec, tail, sacc))
-        cond = K.align_check(task, acc, vec)
-        body.append(f"  if ({cond}) {{")
-        if npk:
-            body.append(launch("kf_pw", npk))
-        if tail:
-            body.append(f"    kf_pw_tail<<<1, 32, 0, stream>>>({args});")
-        body.append("  } else {")
-        body.append(launch("kf_pw_scalar", plan.N))
-        body.append("  }")
-    else:
-        body.append("  {")
-        body.append(launch("kf_pw", plan.N))
-        body.append("  }")
+    for g, plan in enumerate(groups(task)):  # one kernel per iteration space, in stream order
+        sfx = f"_g{g}" if g else ""
+        vec = vec0
+        while vec > 1 and plan.N < vec:  # a smaller group than the one the point was sized on
+            vec //= 2
+        acc = K.Access()
+        kern.append(_cuda_body(task, plan, p, vec, acc, f"kf_pw{sfx}"))
+        npk, tail = plan.N // vec, plan.N % vec
+        if vec > 1:
+            sacc = K.Access()
+            kern.append(_cuda_body(task, plan, p, 1, sacc, f"kf_pw_scalar{sfx}"))
+            if tail:
+                kern.append(_cuda_tail(task, plan, p, npk * vec, tail, sacc, f"kf_pw_tail{sfx}"))
+            cond = K.align_check(task, acc, vec)
+            body.append(f"  if ({cond}) {{")
+            if npk:
+                body.append(launch(f"kf_pw{sfx}", npk))
+            if tail:
+                body.append(f"    kf_pw_tail{sfx}<<<1, 32, 0, stream>>>({args});")
+            body.append("  } else {")
+            body.append(launch(f"kf_pw_scalar{sfx}", plan.N))
+            body.append("  }")
+        else:
+            body.append("  {")
+            body.append(launch(f"kf_pw{sfx}", plan.N))
+            body.append("  }")
     body.append("  return (int)cudaGetLastError();")
     return K.head("cuda") + "\n" + "\n\n".join(kern) + "\n" + K.entry("cuda", "\n".join(body))
 
@@ -268,7 +305,8 @@ def _coalesced(plan: Plan, task) -> int:
     em.load = rec
     em.push(Scope(tuple(names)))
     try:
-        for k, name in enumerate(plan.R.outputs):
+        for k in plan.ks:
+            name = plan.R.outputs[k]
             mode, _ = plan.place[k]
             shp = task.outputs[k].shape
             oidx = idx if mode == "same" else (broadcast_idx(idx, shp) if mode == "bcast"
@@ -323,29 +361,31 @@ def _inner(plan: Plan, grain: int, task=None) -> tuple[int, int, int]:
 
 
 def cpu_render(task, p: dict) -> str:
-    plan = _plan(task)
-    inner, ic, per = _inner(plan, p["grain"], task)
-    NO = -(-plan.N // ic)
-    em = Emitter(plan.R, "cpu", p["math"])
-    em.load = K.cpu_loader()
-    acc = K.Access()
-    ks = em.push(Scope(()))
-    os_ = em.push(Scope(("o",)))
-    is_ = em.push(Scope(("o", "c")))
-    plan.emit_outputs(em, task, var("o", NO) * ic + var("c", ic), acc)
-    em.pop(), em.pop(), em.pop()
     body = [K.ptr_decls(task, "cpu")]
-    body += ["  " + ln for ln in ks.lines]
-    par = f"#pragma omp parallel for schedule(static, {per}) if({NO} > 1 && {plan.N} >= {OMP_MIN_WORK})"
-    body += [par, f"  for (int64_t o = 0; o < {NO}LL; ++o) {{"]
-    body += ["    " + ln for ln in os_.lines]
-    bound = f"{ic}LL"
-    if plan.N % ic:
-        body.append(f"    const int64_t cn = {plan.N}LL - o * {ic}LL < {ic}LL ? {plan.N}LL - o * {ic}LL : {ic}LL;")
-        bound = "cn"
-    body += ["#pragma omp simd", f"    for (int64_t c = 0; c < {bound}; ++c) {{"]
-    body += ["      " + ln for ln in is_.lines]
-    body += ["    }", "  }", "  return 0;"]
+    for plan in groups(task):  # one loop nest per iteration space
+        inner, ic, per = _inner(plan, p["grain"], task)
+        NO = -(-plan.N // ic)
+        em = Emitter(plan.R, "cpu", p["math"])
+        em.load = K.cpu_loader()
+        acc = K.Access()
+        ks = em.push(Scope(()))
+        os_ = em.push(Scope(("o",)))
+        is_ = em.push(Scope(("o", "c")))
+        plan.emit_outputs(em, task, var("o", NO) * ic + var("c", ic), acc)
+        em.pop(), em.pop(), em.pop()
+        body.append("  {")
+        body += ["  " + ln for ln in ks.lines]
+        par = f"#pragma omp parallel for schedule(static, {per}) if({NO} > 1 && {plan.N} >= {OMP_MIN_WORK})"
+        body += [par, f"  for (int64_t o = 0; o < {NO}LL; ++o) {{"]
+        body += ["    " + ln for ln in os_.lines]
+        bound = f"{ic}LL"
+        if plan.N % ic:
+            body.append(f"    const int64_t cn = {plan.N}LL - o * {ic}LL < {ic}LL ? {plan.N}LL - o * {ic}LL : {ic}LL;")
+            bound = "cn"
+        body += ["#pragma omp simd", f"    for (int64_t c = 0; c < {bound}; ++c) {{"]
+        body += ["      " + ln for ln in is_.lines]
+        body += ["    }", "  }", "  }"]
+    body += ["  return 0;"]
     return K.head("cpu") + K.entry("cpu", "\n".join(body))
 
 
@@ -380,12 +420,10 @@ def generate(task) -> list:
     if task.backend not in ("cuda", "cpu"):
         return []
     try:
-        plan = _plan(task)
         d = CUDA_DESIGN if task.backend == "cuda" else CPU_DESIGN
         d.render(task, d.default(task))  # dry run: every op and view of the graph must emit
     except (Unsupported, ValueError):
         return []
-    del plan
     return [d]
 
 
