@@ -369,3 +369,33 @@ def test_registry_is_complete_when_first_loaded_from_many_threads():
     for _ in range(3):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
         assert json.loads(out) == [full] * 8, out
+
+
+def test_cpu_kernels_go_parallel_only_on_enough_work():
+    """Every OpenMP team a family or a row/pointwise/pool generator opens on the cpu backend has
+    an `if` clause against csrc.OMP_MIN_WORK: a tiny region runs on one thread (a team woken
+    for a few hundred elements, next to PyTorch's own spinning pool, cost milliseconds).
+    Compute generators (gemm, conv, attention) size their teams by FLOPs and are left out."""
+    import re
+
+    from kforge_tui.regions.build import tasks_of
+    from kforge_tui.search.csrc import OMP_MIN_WORK
+    from kforge_tui.search.designs import designs_for
+
+    bare = []
+    for task in cases("cpu", "float32"):
+        for fam, p in points(task):
+            bare += [f"{fam.name}/{task.op}: {ln.strip()}" for ln in fam.render(task, p).splitlines()
+                     if "omp parallel" in ln and "if(" not in ln]
+    snippets = [(lambda x: torch.softmax(x, -1) * 2, (torch.randn(4, 64),)),
+                (lambda x: torch.relu(x) + 1, (torch.randn(4, 64),)),
+                (lambda x: torch.cumsum(x, -1), (torch.randn(4, 64),)),
+                (lambda x: torch.nn.functional.avg_pool2d(x, 2), (torch.randn(1, 2, 8, 8),))]
+    for fn, args in snippets:
+        for t in tasks_of(fn, args, "cpu"):
+            for d in designs_for(t):
+                if d.name.startswith(("gen_gemm", "gen_conv", "gen_flash")):
+                    continue
+                bare += [f"{d.name}: {ln.strip()}" for ln in d.render(t, d.default(t)).splitlines()
+                         if "omp parallel" in ln and not re.search(r"if\(.*(kf_omp_min_work|%d)" % OMP_MIN_WORK, ln)]
+    assert not bare, "\n".join(bare)

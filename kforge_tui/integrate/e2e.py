@@ -50,25 +50,24 @@ def _copy(t):
     return base.as_strided(tuple(t.shape), tuple(t.stride()))
 
 
+def _map_tensors(x, fn):
+    """`x` with `fn` applied to every tensor inside dicts, lists, tuples and namedtuples."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, dict):
+        return {k: _map_tensors(v, fn) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        items = [_map_tensors(v, fn) for v in x]
+        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+    return x
+
+
 def _fresh_copy(inputs):
     """The inputs with every tensor copied: a forward that mutates its inputs in place
     (`x.sub_(...)`) must not change what the next forward being compared sees."""
-    import torch
-
-    if isinstance(inputs, torch.Tensor):
-        return _copy(inputs) if inputs.numel() else inputs.clone()
-    if isinstance(inputs, dict):
-        return {k: _fresh_copy(v) for k, v in inputs.items()}
-    if isinstance(inputs, (list, tuple)):
-        return _rebuild(inputs, [_fresh_copy(v) for v in inputs])
-    return inputs
-
-
-def _rebuild(seq, items: list):
-    """A list, tuple or namedtuple like `seq` holding `items`."""
-    if hasattr(seq, "_fields"):
-        return type(seq)(*items)
-    return type(seq)(items)
+    return _map_tensors(inputs, lambda t: _copy(t) if t.numel() else t.clone())
 
 
 class _State:
@@ -112,8 +111,6 @@ def fresh_like(inputs, seed: int):
     g = torch.Generator().manual_seed(seed)
 
     def one(t):
-        if not isinstance(t, torch.Tensor):
-            return t
         if t.dtype == torch.bool or t.numel() == 0:
             return _copy(t) if t.numel() else t.clone()
         # new values in the same strides (a transposed or expanded input stays one: the
@@ -132,16 +129,10 @@ def fresh_like(inputs, seed: int):
         v = v.to(t.dtype).to(t.device)
         return v.as_strided(tuple(t.shape), tuple(t.stride()))
 
-    def walk(x):  # tensors inside dicts, lists and tuples get new values too
-        if isinstance(x, dict):
-            return {k: walk(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return _rebuild(x, [walk(v) for v in x])
-        return one(x)
-
+    # tensors inside dicts, lists and tuples get new values too
     if isinstance(inputs, dict):
-        return {k: walk(v) for k, v in inputs.items()}
-    return tuple(walk(v) for v in inputs)
+        return _map_tensors(inputs, one)
+    return tuple(_map_tensors(v, one) for v in inputs)
 
 
 def compare(ref: list, got: list) -> dict:
@@ -263,59 +254,57 @@ def check_end_to_end(loaded, run_dir, *, fresh_inputs: int = 1, iters: int = 20,
     compile_fn = torch.compile(model, mode=inductor_mode, dynamic=False) if mode == "compile" else None
     sets = [inputs] + [fresh_like(inputs, seed) for seed in range(1, fresh_inputs + 1)]
     device_type = _device_type(loaded)
-    quiet = rt._trace.quiet_dynamo()  # graph breaks were reported at capture, in one line each
-    quiet.__enter__()
-    try:
-        state = _State(model)
-        ref, dropped = [_forward(model, sets[0], state)], []
-        for i, s in enumerate(sets[1:], 1):
-            try:
-                ref.append(_forward(model, s, state))
-            except Exception as e:  # noqa: BLE001 - the model's own forward refused new values
-                dropped.append(f"fresh inputs {i}: not used, the original model's forward raised "
-                               f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
-                sets[i] = None
-        sets = [s for s in sets if s is not None]
-        got = [_forward(kforge_fn, s, state) for s in sets]
-        calls = dict(runtime.counts)
-        fallbacks = runtime.fallbacks
+    with rt._trace.quiet_dynamo():  # graph breaks were reported at capture, one line each
+        try:
+            state = _State(model)
+            ref, dropped = [_forward(model, sets[0], state)], []
+            for i, s in enumerate(sets[1:], 1):
+                try:
+                    ref.append(_forward(model, s, state))
+                except Exception as e:  # noqa: BLE001 - the model's own forward refused new values
+                    dropped.append(f"fresh inputs {i}: not used, the original model's forward raised "
+                                   f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
+                    sets[i] = None
+            sets = [s for s in sets if s is not None]
+            got = [_forward(kforge_fn, s, state) for s in sets]
+            calls = dict(runtime.counts)
+            fallbacks = runtime.fallbacks
 
-        cmp = {"max_abs_err": 0.0, "max_rel_err": 0.0, "within_tolerance": True, "notes": []}
-        for i, (r, g) in enumerate(zip(ref, got)):
-            c = compare(r, g)
-            cmp["max_abs_err"] = max(cmp["max_abs_err"], c["max_abs_err"])
-            cmp["max_rel_err"] = max(cmp["max_rel_err"], c["max_rel_err"])
-            cmp["within_tolerance"] &= c["within_tolerance"]
-            label = "example inputs" if i == 0 else f"fresh inputs {i}"
-            cmp["notes"] += [f"{label}: {n}" for n in c["notes"]]
-        cmp["notes"] += dropped
-        if not cmp["within_tolerance"]:
-            # A fixed element-wise tolerance is too strict for deep models: rounding differences
-            # of a few ulps in one region grow through the layers after it (and torch.compile's
-            # own fusions change them too). The fair question is whether kforge's model is as
-            # close to the exact answer as the original: compare both against a higher-precision
-            # run of the original model on the same inputs.
-            state.restore()
-            f64 = float64_judgement(model, _fresh_copy(sets[0]), ref[0], got[0])
-            cmp["float64_check"] = f64
-            if f64.get("verdict") == "as accurate":
-                cmp["within_tolerance"] = True
-                cmp["notes"].append(f"accepted: against a float64 run, kforge's error "
-                                    f"{f64['patched_err']:.3g} <= {F64_FACTOR:g} x eager's own error "
-                                    f"{f64['eager_err']:.3g}")
-            else:
-                cmp["notes"].append(f"float64 check: {f64.get('verdict')}")
+            cmp = {"max_abs_err": 0.0, "max_rel_err": 0.0, "within_tolerance": True, "notes": []}
+            for i, (r, g) in enumerate(zip(ref, got)):
+                c = compare(r, g)
+                cmp["max_abs_err"] = max(cmp["max_abs_err"], c["max_abs_err"])
+                cmp["max_rel_err"] = max(cmp["max_rel_err"], c["max_rel_err"])
+                cmp["within_tolerance"] &= c["within_tolerance"]
+                label = "example inputs" if i == 0 else f"fresh inputs {i}"
+                cmp["notes"] += [f"{label}: {n}" for n in c["notes"]]
+            cmp["notes"] += dropped
+            if not cmp["within_tolerance"]:
+                # A fixed element-wise tolerance is too strict for deep models: rounding differences
+                # of a few ulps in one region grow through the layers after it (and torch.compile's
+                # own fusions change them too). The fair question is whether kforge's model is as
+                # close to the exact answer as the original: compare both against a higher-precision
+                # run of the original model on the same inputs.
+                state.restore()
+                f64 = float64_judgement(model, _fresh_copy(sets[0]), ref[0], got[0])
+                cmp["float64_check"] = f64
+                if f64.get("verdict") == "as accurate":
+                    cmp["within_tolerance"] = True
+                    cmp["notes"].append(f"accepted: against a float64 run, kforge's error "
+                                        f"{f64['patched_err']:.3g} <= {F64_FACTOR:g} x eager's own error "
+                                        f"{f64['eager_err']:.3g}")
+                else:
+                    cmp["notes"].append(f"float64 check: {f64.get('verdict')}")
 
-        fns = {"eager": model, "kforge": kforge_fn}
-        if compile_fn is not None:
-            fns = {"eager": model, "compile": compile_fn, "kforge": kforge_fn}
-            _forward(compile_fn, inputs)  # compile outside the timed loop
-        runtime.reset_counts()
-        times = _time_alternated(fns, inputs, device_type, iters, warmup)
-        state.restore()  # the model is left as it was
-    finally:
-        quiet.__exit__(None, None, None)
-        rt._RUNTIMES.pop(id(runtime), None)
+            fns = {"eager": model, "kforge": kforge_fn}
+            if compile_fn is not None:
+                fns = {"eager": model, "compile": compile_fn, "kforge": kforge_fn}
+                _forward(compile_fn, inputs)  # compile outside the timed loop
+            runtime.reset_counts()
+            times = _time_alternated(fns, inputs, device_type, iters, warmup)
+            state.restore()  # the model is left as it was
+        finally:
+            rt._RUNTIMES.pop(id(runtime), None)
     skipped = dict(base["skipped"])
     for s in prep.specs:  # built and loaded, yet its region was not found in the compiled graph
         if not runtime.replaced.get(s["task_id"]):

@@ -1226,17 +1226,7 @@ class Verifier:
             orig_sums0 = s.sums0
             try:
                 self.write_values(s, lambda ts, kind=kind: edge_into(kind, self.task, ts, self.stats, self.gen))
-                ref64 = None
-                if self.reference64 is not None:
-                    try:
-                        ref64 = check_outputs(self.task, self.reference64(s.tensors()))
-                    except Exception as e:
-                        if is_oom(e):
-                            self.log.append(f"edge case {kind}: float64 reference skipped (out of memory)")
-                        else:
-                            self.log.append(f"edge case {kind}: float64 reference unavailable "
-                                            f"({type(e).__name__})")
-                        ref64 = None
+                ref64 = self._reference64(s, f"edge case {kind}")
                 pert = self._perturbed_reference(s) if ref64 is not None else None
                 label = f"edge-case inputs ({EDGE_TEXT[kind]}) in {s.name}"
                 # values are judged against float64 below when that run exists: an edge case
@@ -1248,14 +1238,9 @@ class Verifier:
                         mm.reason = f"edge-case inputs ({EDGE_TEXT[kind]}): {mm.reason}"
                     return mm
                 if ref64 is not None:
-                    for j, (r, t, o, m) in enumerate(zip(ref64, s.expected, s.outputs, self.task.outputs)):
-                        if m.dtype in FLOAT_DTYPES:
-                            mm = judge_f64(r, t, o.tensor, m.dtype, _label(label, j, len(s.outputs)),
-                                           pert[j] if pert is not None else None)
-                            if mm is not None:
-                                mm.reason = mm.reason.replace("edge-case inputs:",
-                                                              f"edge-case inputs ({EDGE_TEXT[kind]}):", 1)
-                                return mm
+                    mm = self._judge_f64(s, ref64, pert, label, f"edge-case inputs ({EDGE_TEXT[kind]}):")
+                    if mm is not None:
+                        return mm
                     del ref64
             finally:
                 if s.host_saved:  # the canonical values come back from the host copy
@@ -1271,36 +1256,47 @@ class Verifier:
                 self.sync()
         return None
 
+    def _reference64(self, s: InputSet, what: str) -> list | None:
+        """The float64 run of the region on s's current inputs (None, logged, when there is
+        none or it does not fit)."""
+        if self.reference64 is None:
+            return None
+        try:
+            return check_outputs(self.task, self.reference64(s.tensors()))
+        except Exception as e:
+            self.log.append(f"{what}: float64 reference "
+                            + ("skipped (out of memory)" if is_oom(e) else f"unavailable ({type(e).__name__})"))
+            return None
+
+    def _judge_f64(self, s: InputSet, ref64: list, pert: list | None, label: str,
+                   reason: str) -> Mismatch | None:
+        """Every float output of the last call on s against the float64 run (`judge_f64`); the
+        mismatch's reason starts with `reason`."""
+        for j, (r, t, o, m) in enumerate(zip(ref64, s.expected, s.outputs, self.task.outputs)):
+            if m.dtype in FLOAT_DTYPES:
+                mm = judge_f64(r, t, o.tensor, m.dtype, _label(label, j, len(s.outputs)),
+                               pert[j] if pert is not None else None)
+                if mm is not None:
+                    mm.reason = mm.reason.replace("edge-case inputs:", reason, 1)
+                    return mm
+        return None
+
     def ordinary_f64(self) -> Mismatch | None:
         """One ordinary set (its own random or captured values) judged against float64 in ulps,
         as the edge cases are. The tolerance table alone leaves ~100x headroom on ordinary
         inputs; a kernel that is precise only on inputs that look like edge cases (|x| large,
         -inf, tiny, equal rows) and approximates elsewhere (a short polynomial exp) would pass
         both checks without this one."""
-        if not self.edge or self.reference64 is None:
+        if not self.edge:
             return None
         s = self._random_set()
-        try:
-            ref64 = check_outputs(self.task, self.reference64(s.tensors()))
-        except Exception as e:
-            self.log.append(f"ordinary inputs: float64 reference skipped ({type(e).__name__})")
-            if is_oom(e):
-                return None
+        ref64 = self._reference64(s, "ordinary inputs")
+        if ref64 is None:
             return None
         pert = self._perturbed_reference(s)
         label = f"ordinary inputs in {s.name} judged against float64"
-        mm = self.run_checked(s, label)
-        if mm is not None:
-            return mm
-        for j, (r, t, o, m) in enumerate(zip(ref64, s.expected, s.outputs, self.task.outputs)):
-            if m.dtype in FLOAT_DTYPES:
-                mm = judge_f64(r, t, o.tensor, m.dtype, _label(label, j, len(s.outputs)),
-                               pert[j] if pert is not None else None)
-                if mm is not None:
-                    mm.reason = mm.reason.replace("edge-case inputs:", "values differ from the "
-                                                  "float64 reference on ordinary inputs:", 1)
-                    return mm
-        return None
+        return self.run_checked(s, label) or self._judge_f64(
+            s, ref64, pert, label, "values differ from the float64 reference on ordinary inputs:")
 
     def before_timing(self) -> Mismatch | None:
         steps = [self.edge_cases, lambda: self.replay_few("before timing"), self.ordinary_f64]
