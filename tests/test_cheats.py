@@ -262,6 +262,16 @@ async def cpu_pool(tmp_path_factory):
     await pool.close()
 
 
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def cpu_pool_production(tmp_path_factory):
+    """The production timing loop (bench.DEFAULT_TIMING): for cheats about how many calls the
+    sandbox makes (`// timing: production`), which FAST_TIMING's 20-call cap would under-count."""
+    pool = _pool("cpu", tmp_path_factory.mktemp("cache_prod"), eval_timeout_s=60)
+    await pool.start()
+    yield pool
+    await pool.close()
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("run"))
@@ -276,8 +286,9 @@ def _assert_rejected(path: Path, r) -> None:
 
 @pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("path", CPU_CHEATS, ids=lambda p: p.stem)
-async def test_cpu_cheat_rejected(cpu_pool, run_dir, path):
-    r = await cpu_pool.evaluate(cheat_task(path).to_json(), run_dir, path.read_text())
+async def test_cpu_cheat_rejected(cpu_pool, cpu_pool_production, run_dir, path):
+    pool = cpu_pool_production if "// timing: production" in path.read_text() else cpu_pool
+    r = await pool.evaluate(cheat_task(path).to_json(), run_dir, path.read_text())
     _assert_rejected(path, r)
 
 

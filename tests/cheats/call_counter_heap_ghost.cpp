@@ -4,7 +4,12 @@
 // (malloc'd, bumped and freed on every call: glibc hands the same block back next time and leaves
 // its body alone). Honest for the first 40 calls (verification and the first timed calls) and
 // idle afterwards. Rejected at run time: the last timed calls and the replay checks after timing
-// are all checked, and the skipped calls show surviving poison.
+// are all checked, and the skipped calls show surviving poison - when the sandbox makes more
+// than 40 calls: the production timing loop does for any kernel under ~4 ms (100 timed calls),
+// hence `timing: production` below. A slower region gets ~10 timed calls and ~30 in all, and a
+// cheat with a threshold above that passes: a known gap (a late check after a randomised, large
+// call count would close it).
+// timing: production
 #include "kforge_region.h"
 #include <float.h>
 #include <stdlib.h>
