@@ -738,9 +738,11 @@ class Engine:
                     self.loaded = await asyncio.to_thread(load_model, s.model, s.device)
                 from kforge_tui.integrate.e2e import check_with_fallback
 
+                # the check records its report and decision in the store itself; its progress
+                # lines come from its thread to this loop
+                loop = asyncio.get_running_loop()
                 e2e = await asyncio.to_thread(check_with_fallback, self.loaded, str(self.run_dir),
-                                              None, None)
-                self.store.set_end_to_end(e2e)
+                                              None, None, lambda m: loop.call_soon_threadsafe(self.log, m))
             except Exception as e:  # the search results stand even if the model can't be rebuilt
                 self.log(f"end-to-end check skipped: {type(e).__name__}: {e}", "warning")
         cut_short = self._stop and any(not ts.tree.done() for ts in self.tasks.values())

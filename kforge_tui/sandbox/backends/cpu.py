@@ -49,6 +49,8 @@ def llc_bytes() -> int:
 
 
 class CpuBackend:
+    # Calls are synchronous: the wall time of the call is all there is (host and compute).
+    clock = "wall"
     name = "cpu"
     has_stream = False
 
