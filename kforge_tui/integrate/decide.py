@@ -103,7 +103,7 @@ def decide(loaded, specs: list[dict], *, mode: str = "compile", inductor_mode: s
     say = log or (lambda msg: None)
     model, inputs = loaded.model, loaded.example_inputs
     device_type = "cuda" if str(getattr(loaded, "device", "cpu")).startswith("cuda") else "cpu"
-    backend = specs[0]["backend"] if specs else "cpu"
+    backend = specs[0]["backend"] if specs else ("cuda" if device_type == "cuda" else "cpu")
     im = inductor_mode or "default"
     d = Decision(mode, im)
     with _recompile_room(), rt._trace.quiet_dynamo():
