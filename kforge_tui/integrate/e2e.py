@@ -81,6 +81,11 @@ def check_end_to_end(loaded, run_dir, *, fresh_inputs: int = 1, min_speedup: flo
                 runtime.reset_counts()
             got = [accuracy.forward(kforge, s, state) for s in sets]
             calls = dict(runtime.counts) if runtime is not None else {}
+            # under CUDA graphs (reduce-overhead) a forward is a graph replay: the op ran when the
+            # graph was recorded, during the decision's first forwards, and is counted there
+            for t in dec.trials:
+                if t.kept and not calls.get(t.task_id):
+                    calls[t.task_id] = t.calls
             fallbacks = runtime.fallbacks if runtime is not None else {}
             cmp = accuracy.judge(model, sets, ref, got, state)
             cmp["notes"] += dropped

@@ -22,8 +22,6 @@ This module imports only torch and the standard library.
 """
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.fx as fx
 
@@ -84,9 +82,26 @@ def _is_conv(site) -> bool:
 def observe(gm: fx.GraphModule, example_inputs: list, kwargs: dict, backend: str) -> tuple[dict, str]:
     """Lower a copy of `gm` with Inductor, its regions replaced by observers; returns
     ({site key: [(input strides, output strides), ...]}, "" or why the probe failed)."""
+    try:
+        return _observe_graph(gm, example_inputs, kwargs, backend)
+    except Exception as e:  # noqa: BLE001 - the probe must never cost the capture
+        return {}, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+
+
+def _shallow_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A GraphModule with its own graph (nodes copied, their meta dicts copied, the fake values in
+    them shared) over the same attributes: deep-copying a graph's constants inside the fake
+    mode of a compile fails for some models, and the copy is only rewritten and lowered."""
+    g = fx.Graph()
+    out = g.graph_copy(gm.graph, {})
+    g.output(out)
+    return fx.GraphModule(gm, g)
+
+
+def _observe_graph(gm, example_inputs, kwargs, backend):
     from torch._inductor.compile_fx import compile_fx_inner
 
-    work = copy.deepcopy(gm)
+    work = _shallow_copy(gm)
     op = observer_op()
     chosen = []
     for site in _rewrite.sites(work, backend):
