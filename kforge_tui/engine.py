@@ -731,6 +731,15 @@ class Engine:
         verified = [ts for ts in self.tasks.values() if ts.tree.best() is not None]
         if s.end_to_end and verified:
             self.emit(ev.Phase(name="integrate", detail="end-to-end check of the patched model"))
+            # The sandbox workers go first: their processes (CUDA contexts, spare runners, compile
+            # jobs) made the whole-model timings of this process noisy (H200, 2026-12-01: the
+            # same forwards read 4.9 ms here and 2.7 ms in a process of their own).
+            if self._evaluator is not None and self._proposer is not None:
+                try:
+                    await self._evaluator.close()
+                except Exception:  # noqa: BLE001 - a worker that will not close: time anyway
+                    pass
+                self._evaluator = None
             try:
                 if self.loaded is None:
                     from kforge_tui.workload.loader import load_model
