@@ -84,7 +84,7 @@ def _check_out_dir(out: Path) -> None:
 def export_run(run_dir, out_dir, *, min_speedup: float = 1.02, mode: str = "compile") -> Path:
     """Write RUN_DIR's verified winners (gated as `apply` gates them in `mode`) as a
     torch-only package."""
-    from kforge_tui import __version__
+    from kforge_tui._version import __version__
     from kforge_tui.device import nvcc_path
     from kforge_tui.sandbox.compile import compile_flags
 

@@ -9,7 +9,7 @@ Every kernel then reads its operands through those strides and writes every outp
 the output's own strides, so any layout (transposed weights, channels_last, the [B, L, H, E]
 memory of an sdpa output) is served by the same source.
 
-Designs (all registered through `search.designs.register_generator`):
+Designs (`generate`, listed in codegen/__init__.py):
 
   matmul    gen_gemm_omp    cpu: BLIS-style packed GEMM, OpenMP over (batch, M tile, N tile), an
                             MR x NR register micro-kernel on GCC vector types, f32 accumulate
@@ -2410,7 +2410,7 @@ def _conv_designs(task) -> list:
     return [d for d in out if usable(d, task)]
 
 
-# =============================================================================== registration
+# =============================================================================== the generator
 
 def generate(task) -> list:
     """Every generated compute design for this task ([] when none fits; never raises)."""
@@ -2430,11 +2430,3 @@ def generate(task) -> list:
         return []
     return []
 
-
-def _register() -> None:
-    from kforge_tui.search.designs import register_generator
-
-    register_generator(generate)
-
-
-_register()

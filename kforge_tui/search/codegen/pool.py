@@ -830,11 +830,3 @@ def generate(task) -> list:
     except Exception:
         return []
 
-
-def _register() -> None:
-    from kforge_tui.search.designs import register_generator
-
-    register_generator(generate)
-
-
-_register()

@@ -35,11 +35,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kforge_tui.search import designs
 from kforge_tui.search.csrc import OMP_MIN_WORK
 from kforge_tui.search.codegen import kbuild as K
-from kforge_tui.search.codegen.ir import (COMPUTE_C, ELEM_BYTES, FLOATS, HALF, INTS, STORE_C, Emitter,
-                                          Scope, cast, literal, region_of)
+from kforge_tui.search.codegen.cexpr import COMPUTE_C, ELEM_BYTES, FLOATS, STORE_C, cast, literal
+from kforge_tui.search.codegen.ir import Emitter, Scope, region_of
 from kforge_tui.search.codegen.sym import Form, Unsupported, const, ravel, unravel, var
 
 INT_MIN = {"int64": "(-9223372036854775807LL - 1)", "int32": "(-2147483647 - 1)", "int16": "((int16_t)-32768)",
@@ -1275,5 +1274,3 @@ def generate(task) -> list:
         out.append(d)
     return out
 
-
-designs.register_generator(generate)
