@@ -8,7 +8,7 @@ regions no family matches, and competitors where one does).
   pointwise.py  pointwise chains (cuda, cpu)
   rows.py       one reduction domain with its prologue and epilogue: row, column and split
                 (multi-CTA) layouts (cuda, cpu)
-  compute.py    one compute op: matmul, convolution, attention (cuda, cpu)
+  compute/      one compute op: matmul, convolution, attention (cuda, cpu), a module a family
   pool.py       pooling windows, gathers, copies and scans (cuda, cpu)
   triton_seed.py  Inductor's own Triton kernel for the region, and moves over it
 

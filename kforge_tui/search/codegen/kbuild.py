@@ -17,7 +17,7 @@ from kforge_tui.search.codegen.sym import Form, Unsupported, var
 class GenDesign:
     """A generated design (the search.designs.Design protocol), shared by every generator.
 
-    `finish` is a last textual step on a render (compute.py spells its device-function marker
+    `finish` is a last textual step on a render (compute/base.py spells its device-function marker
     there); `default` falls back to the first valid point of the space when the generator's own
     default does not fit the task; a validity rule that raises means "not valid"."""
 
