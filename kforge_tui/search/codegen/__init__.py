@@ -6,8 +6,8 @@ regions no family matches, and competitors where one does).
   cexpr.py      what ir.py and ops.py share: dtype tables, value references, C casts and literals
   sym.py        the index algebra (exact floor division / modulo with range-based simplification)
   pointwise.py  pointwise chains (cuda, cpu)
-  rows.py       one reduction domain with its prologue and epilogue: row, column and split
-                (multi-CTA) layouts (cuda, cpu)
+  rows/         one reduction domain with its prologue and epilogue: row, column and split
+                (multi-CTA) layouts (cuda, cpu): the plan, an emitter per backend, the designs
   compute/      one compute op: matmul, convolution, attention (cuda, cpu), a module a family
   pool.py       pooling windows, gathers, copies and scans (cuda, cpu)
   triton_seed.py  Inductor's own Triton kernel for the region, and moves over it

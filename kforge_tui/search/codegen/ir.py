@@ -17,7 +17,7 @@ strides and dtype, and classifies each node:
 `Emitter` turns values at symbolic indices into C statements, hoisting every statement to the
 outermost open scope whose loop variables it uses (so per-row values leave the inner loop), with
 common subexpressions shared per scope. Loads and reduction values go through hooks the kernel
-builders (pointwise.py, rows.py) provide: they decide vector packs, caches and which row is which.
+builders (pointwise.py, rows/) provide: they decide vector packs, caches and which row is which.
 
 Anything this module cannot express raises `sym.Unsupported` with the reason; generators catch it
 and offer no design for that task.
