@@ -3,11 +3,11 @@
 The fixtures are plain data in tests/fixtures/render_digests/: region tasks (captured from the
 snippets of tests/test_codegen.py, tests/test_codegen_compute.py and a few model-sized shapes,
 bound to their pattern as capture binds them) and pattern tasks (tests/test_families.py's cases
-in every dtype). For each region task on each backend, every design `designs_for` offers
-(families through their binding, every generator) is rendered at its default point and at
-every one-parameter move from it that is valid; for each pattern task, every family is rendered
-the same way. digests.json holds, per design and task, a sha256 over every point's parameters
-and source; the test renders again and compares.
+in every dtype, and DESIGN.md's reference shapes). For each region task on each backend, every
+design `designs_for` offers (families through their binding, every generator) is rendered at its
+default point and at every valid one-parameter move from it; for each pattern task, every family
+is rendered the same way. digests.json holds, per task and design, a sha256 over every point's
+parameters and source, and per task the order of its designs (the order the proposer sees).
 A refactor (moving generators between modules, splitting a family file) must leave it green.
 
 When a change is meant to change kernels, regenerate and commit the digests with the change,
@@ -100,10 +100,14 @@ def render_all() -> dict[str, str]:
             if b == "triton" and i >= TRITON_CASES:
                 continue
             tb = task.with_backend(b)
-            for d in designs_for(tb):
+            ds = designs_for(tb)
+            out[f"region:{rid}|{b}|(order)"] = _digest(" ".join(d.name for d in ds))
+            for d in ds:
                 _renders(f"region:{rid}|{b}", d, tb, out)
     for oid, ot in op_tasks():
-        for f in families_for(ot):
+        fs = families_for(ot)
+        out[f"family:{oid}|(order)"] = _digest(" ".join(f.name for f in fs))
+        for f in fs:
             _renders(f"family:{oid}", f, ot, out)
     return out
 
@@ -142,6 +146,7 @@ def test_every_rendered_source_is_byte_identical():
 def test_the_fixtures_are_broad():
     """Every generator kind and every registered family is exercised."""
     names = {k.rsplit("|", 1)[-1].split("#")[0] for k in json.loads((DATA / "digests.json").read_text())["renders"]}
+    names.discard("(order)")
     for prefix in ("gen_pointwise", "gen_rows", "gen_cols", "gen_gemm", "gen_conv", "gen_flash", "gen_pool", "gen_gather",
                    "gen_scan", "gen_copy", "inductor"):
         assert any(n.startswith(prefix) for n in names), prefix
