@@ -27,7 +27,6 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "fixtures" / "render_digests"
