@@ -53,10 +53,10 @@ def machine() -> dict:
             out["cuda"] = torch.version.cuda
     except Exception as e:  # torch missing or broken: the record says so
         out["torch"] = f"unavailable: {type(e).__name__}"
-    try:
-        import triton
+    try:  # the version only: importing triton here would leave its bindings to tear down at exit
+        from importlib.metadata import version
 
-        out["triton"] = triton.__version__
+        out["triton"] = version("triton")
     except Exception:
         pass
     return out

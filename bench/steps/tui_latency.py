@@ -28,6 +28,6 @@ def run(ctx) -> Table:
     presses = 20 if ctx.small and ctx.args.presses == 200 else ctx.args.presses
     with contextlib.redirect_stdout(sys.stderr):  # its own summary line is progress here
         res = asyncio.run(tui_latency.main(presses))
-    ok = res["median_ms"] <= 50 and res["worst_ms"] <= 200
+    met = res["median_ms"] <= 50 and res["worst_ms"] <= 200  # a miss is a figure, not a failed run
     return Table(["presses", "tree_nodes", "nodes", "median_ms", "worst_ms"], [res],
-                 ["target: median <= 50 ms, worst <= 200 ms" + ("" if ok else " (missed)")], {}, ok)
+                 ["target: median <= 50 ms, worst <= 200 ms: " + ("met" if met else "missed")])
