@@ -1,5 +1,6 @@
 """python -m bench STEP [STEP ...] [options]: kforge-tui's benchmarks, one named step at a time.
 
+Arguments after `--` go to the one step named (a step that wraps a script passes them on).
 Each step prints one table (Markdown, the form bench/RESULTS.md quotes) headed by the machine,
 date, commit and command, and writes the same as JSON to --out. Steps run in the order given;
 `all` runs every step this machine can (GPU-only steps are skipped, with a note, on a CPU).
@@ -90,7 +91,9 @@ def _without_install(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
-    args = ap.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rest = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = ap.parse_args(argv[:len(argv) - len(rest) - 1] if "--" in argv else argv)
     if args.install_wheels:
         return install_wheels(args.install_wheels, args.steps)
     if not args.steps:
@@ -99,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in args.steps if s not in STEPS and s != "all"]
     if unknown:
         ap.error(f"unknown step(s) {', '.join(unknown)}; the steps are: {', '.join(STEPS)}")
+    if rest and len(args.steps) != 1:
+        ap.error("arguments after -- go to one step: name exactly one")
     args.out = args.out.resolve()  # the steps' commands run from the repository root
     device = args.device
     if device is None:
@@ -109,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     for name in names:
         step = load(name)
-        ctx = Context(args=args, out=args.out, dir=args.out / name, device=device, small=args.small)
+        ctx = Context(args=args, out=args.out, dir=args.out / name, device=device, small=args.small, rest=rest)
         print(f"bench: {name} on {device}{' (small)' if args.small else ''}", file=sys.stderr, flush=True)
         try:
             table = step.run(ctx)

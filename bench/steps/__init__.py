@@ -8,7 +8,8 @@ A step module defines
                                                  (names must not collide with another step's)
     def run(ctx: Context) -> report.Table: ...   the work
 
-`run` prints progress to stderr (stdout is the table's), writes what it makes (run directories,
+`ctx.rest` holds the command's arguments after `--` (allowed when one step is named): a step
+that wraps a script hands them on. `run` prints progress to stderr (stdout is the table's), writes what it makes (run directories,
 logs, raw JSON) under `ctx.dir`, and returns one `report.Table`; the runner prints it, writes
 `<out>/<name>.json` with the machine, date and command, and exits 1 when a table is not ok. It
 raises `report.StepError` for what cannot run here (no GPU) or as asked. Step modules import
@@ -24,7 +25,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.report import ROOT, StepError
@@ -45,6 +46,7 @@ class Context:
     dir: Path  # this step's own folder under it, for what the step makes
     device: str  # cuda | cpu
     small: bool  # --small: CPU-sized shapes and budgets, for a dry run
+    rest: list[str] = field(default_factory=list)  # the arguments after `--` (one step only)
 
     def env(self, **extra) -> dict:
         """The environment for the commands a step runs: this checkout first on the path, no
