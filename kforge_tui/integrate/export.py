@@ -86,7 +86,7 @@ def export_run(run_dir, out_dir, *, min_speedup: float = 1.02, mode: str = "comp
                inductor_mode: str | None = None, force: bool = False) -> Path:
     """Write the kernels RUN_DIR's whole-model check kept in `mode` (as `apply` puts them in; every
     admitted candidate with `force`) as a torch-only package."""
-    from kforge_tui import __version__
+    from kforge_tui._version import __version__
     from kforge_tui.device import nvcc_path
     from kforge_tui.sandbox.compile import compile_flags
 
