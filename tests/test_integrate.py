@@ -302,3 +302,123 @@ def test_cuda_kernel_inside_compiled_model_and_cuda_graphs(tmp_path, inductor_mo
         torch.cuda.synchronize()
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
         assert sum(patch.counts.values()) >= 1
+
+
+# ------------------------------------------------------------------ the whole model decides
+
+def _chain(x):
+    for _ in range(10):  # forty pointwise ops: eager makes forty passes over x, a kernel one
+        x = torch.abs(torch.relu(x * 1.5 + 0.5) - 0.25)
+    return x
+
+
+class TwoChains(nn.Module):
+    """Two pointwise regions split by a matmul: one gets a fast kernel, the other a slow one."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(512, 256) / 23.0)
+
+    def forward(self, x):
+        return _chain(_chain(x) @ self.w)
+
+
+# relu as (v + |v|) / 2 and no inner loop: branch-free, so g++ vectorises the fast kernel
+_STEP = "v = v * 1.5f + 0.5f; v = (v + fabsf(v)) * 0.5f; v = fabsf(v - 0.25f);"
+_CHAIN_BODY = "\n".join(["    " + _STEP] * 10)
+FAST_CHAIN = r"""#include "kforge_region.h"
+extern "C" int kforge_launch(const void* const* inputs, void* const* outputs) {
+  const float* __restrict x = (const float*)inputs[0];
+  float* __restrict y = (float*)outputs[0];
+  for (long long i = 0; i < KF_OUT0_NUMEL; ++i) {
+    float v = x[i];
+""" + _CHAIN_BODY + r"""
+    y[i] = v;
+  }
+  return 0;
+}
+"""
+# Right, and slow: the chain 100 times over (a volatile zero keeps the compiler from hoisting it).
+SLOW_CHAIN = r"""#include "kforge_region.h"
+extern "C" int kforge_launch(const void* const* inputs, void* const* outputs) {
+  const float* x = (const float*)inputs[0];
+  float* y = (float*)outputs[0];
+  volatile float zero = 0.f;
+  for (long long i = 0; i < KF_OUT0_NUMEL; ++i) {
+    float out = 0.f;
+    for (int r = 0; r < 100; ++r) {
+      float v = x[i] + zero;
+""" + _CHAIN_BODY + r"""
+      out = v;
+    }
+    y[i] = out;
+  }
+  return 0;
+}
+"""
+
+
+def _two_chains_run(tmp_path):
+    torch.manual_seed(0)
+    model, x = TwoChains().eval(), torch.randn(2048, 512)
+    first, second = [t for t in tasks_of(model, (x,)) if t.kind == "pointwise"]
+    # region figures that admit both as candidates: the model alone tells them apart
+    run = make_run(tmp_path / "r", [(first, FAST_CHAIN, 400.0, None, 100.0), (second, SLOW_CHAIN, 400.0, None, 100.0)])
+    return model, x, first, second, run
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: on a shared 2-core box PyTorch's OpenMP pool spinning between ops
+    competes with a kernel's own threads, and the figures would say more about the box than
+    about the kernels (the decision on such a box rightly drops them; here we test the rule)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.slow
+def test_the_model_keeps_the_kernel_that_makes_it_faster_and_drops_the_one_that_does_not(tmp_path, one_thread):
+    from kforge_tui.integrate.e2e import check_end_to_end
+    from kforge_tui.workload.loader import LoadedModel
+
+    model, x, first, second, run = _two_chains_run(tmp_path)
+    rep = check_end_to_end(LoadedModel(model, (x,), "two_chains", "cpu"), run, mode="eager")
+    trials = {t["task_id"]: t for t in rep["decision"]["trials"]}
+    assert trials[first.task_id]["kept"] and trials[first.task_id]["gain"] > 1.2, trials
+    slow = trials[second.task_id]
+    assert not slow["kept"] and slow["gain"] < 1.0 and "no faster in the model" in slow["why"], slow
+    assert rep["within_tolerance"] and rep["kernels_used"] == {first.task_id: 2}
+    assert rep["speedup"] > 1.0  # eager mode: kforge against the eager model, on the decision clock
+    # recorded: apply puts in the one the model kept, and nothing in a mode not yet measured
+    p = apply(TwoChains().eval(), run, mode="eager")
+    assert [k["task_id"] for k in p.kernels] == [first.task_id]
+    assert "whole-model check" in p.skipped[second.task_id]
+    p.remove()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = apply(TwoChains().eval(), run, mode="compile")
+    assert not p.kernels and all("has not been measured" in w for w in p.skipped.values()), p.skipped
+    p.remove()
+
+
+def test_a_run_whose_check_never_ran_integrates_nothing_until_it_does(tmp_path, one_thread):
+    import kforge_tui
+
+    model, x, first, second, run = _two_chains_run(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = apply(model, run, mode="eager")
+    assert not p.kernels and "kforge apply" in p.skipped[first.task_id]
+    # the public face decides on the model itself when given its inputs, then applies
+    with torch.inference_mode():
+        ref = model(x)
+    p = kforge_tui.apply(model, run, example_inputs=(x,), mode="eager")
+    try:
+        assert first.task_id in [k["task_id"] for k in p.kernels]
+        with torch.inference_mode():
+            torch.testing.assert_close(model(x), ref, rtol=1e-4, atol=1e-4)
+        assert p.counts[first.task_id] >= 1
+    finally:
+        p.remove()

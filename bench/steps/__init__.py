@@ -30,7 +30,8 @@ from pathlib import Path
 
 from bench.report import ROOT, StepError
 
-STEPS = ("kernels", "regions", "models", "level2", "sweep", "throughput", "cheats", "op-overhead", "tui-latency")
+STEPS = ("kernels", "regions", "models", "level2", "sweep", "throughput", "cheats", "op-overhead", "clock-check",
+         "tui-latency")
 
 
 def load(name: str):

@@ -11,7 +11,7 @@ import json
 REGION_COLUMNS = ["run", "region", "shape", "dtype", "evaluated", "eager_us", "compile_us", "best_us", "floor_us",
                   "x_eager", "x_compile", "best/floor", "verified"]
 MODEL_COLUMNS = ["model", "inductor_mode", "mode", "eager_ms", "compile_ms", "kforge_ms", "vs_eager", "vs_compile",
-                 "within_tol", "kernels"]
+                 "spread", "db_vs_compile", "kept", "within_tol"]
 
 
 def optimize(ctx, name: str, model: str, *extra: str, top: int, budget: int) -> int:
@@ -51,9 +51,16 @@ def apply(ctx, name: str, model: str, inductor_mode: str | None = None) -> dict:
     except ValueError:
         return dict(row, mode=f"apply failed, rc {r.returncode} (see {tag}.apply.log)")
     (ctx.dir / f"{tag}.apply.json").write_text(json.dumps(a, indent=1))
+    db = a.get("do_bench_ms") or {}
+    trials = (a.get("decision") or {}).get("trials") or []
+    spreads = [v for v in (a.get("compile_spread"), a.get("patched_spread")) if v is not None]
+    # kforge / torch.compile on the decision clock (throughput) and on triton's do_bench of the
+    # same forwards; kept = kernels the whole-model check kept / candidates it compiled in
     return dict(row, mode=a.get("mode"), eager_ms=a.get("eager_ms"), compile_ms=a.get("compile_ms"),
                 kforge_ms=a.get("patched_ms"), vs_eager=a.get("speedup"), vs_compile=a.get("speedup_vs_compile"),
-                within_tol=a.get("within_tolerance"), kernels=sum((a.get("kernels_used") or {}).values()))
+                spread=round(max(spreads), 3) if spreads else None, db_vs_compile=_ratio(db.get("compile"), db.get("kforge")),
+                kept=f"{sum(1 for t in trials if t.get('kept'))}/{sum(1 for t in trials if t.get('gain') is not None)}",
+                within_tol=a.get("within_tolerance"))
 
 
 def _ratio(a, b):

@@ -5,8 +5,11 @@ end (`kforge apply --json`): eager vs torch.compile vs kforge, per Inductor mode
     python -m bench models --models gemma --modes default,reduce-overhead
     python -m bench models --small --device cpu              # tests/fixtures/models/tiny.py
 
-The starting point of issue 26's end-to-end table (the lead extends it): the search's per-region
-figures go into the JSON (`regions`), the table is one row per model and mode.
+Issue 26's end-to-end table: per model and Inductor mode, eager, torch.compile and kforge on the
+decision clock (throughput: back-to-back forwards, CUDA events), kforge / torch.compile on it and
+on triton's do_bench of the same forwards, and how many candidates the whole-model check kept.
+`apply` decides in a process of its own (the search's worker processes would make the timings
+noisy). The search's per-region figures go into the JSON (`regions`).
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ SMALL = {"tiny": "tests/fixtures/models/tiny.py"}
 def add_arguments(g) -> None:
     g.add_argument("--models", default="", help=f"comma-separated sample models (default {','.join(MODELS)}; "
                                                 "--small: tests/fixtures/models/tiny.py)")
-    g.add_argument("--modes", default="default", help="Inductor modes to apply in (default, reduce-overhead, ...)")
+    g.add_argument("--modes", default="default,reduce-overhead",
+                   help="Inductor modes to apply in, each against torch.compile in the same mode")
 
 
 def run(ctx) -> Table:

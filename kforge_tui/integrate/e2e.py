@@ -170,3 +170,26 @@ def check_with_fallback(loaded, run_dir, mode: str | None, inductor_mode: str | 
         report = check_end_to_end(loaded, run_dir, mode="eager", log=log)
         report["mode_reason"] = f"{why}; fell back to eager mode"
         return report
+
+
+def apply(model, run_dir, example_inputs, *, mode: str = "compile", inductor_mode: str | None = None,
+          min_speedup: float = 1.02, ops: list[str] | None = None):
+    """`patch.apply`, after deciding on `model` itself (with `example_inputs`: a tuple of args or
+    a dict of kwargs) when RUN_DIR has no decision recorded for this mode."""
+    import torch
+
+    from kforge_tui.integrate import patch
+    from kforge_tui.store import RunStore
+    from kforge_tui.workload.loader import LoadedModel
+
+    store = RunStore.open(run_dir, readonly=True)
+    try:
+        decided = patch.recorded_decision(store.run_info(), mode, inductor_mode) is not None
+    finally:
+        store.close()
+    if not decided:
+        flat = accuracy.tensors_of(example_inputs)
+        device = next((t.device for _, t in flat), torch.device("cpu"))
+        check_end_to_end(LoadedModel(model, example_inputs, type(model).__name__, str(device)), run_dir,
+                         mode=mode, inductor_mode=inductor_mode, min_speedup=min_speedup, ops=ops)
+    return patch.apply(model, run_dir, mode=mode, inductor_mode=inductor_mode, min_speedup=min_speedup, ops=ops)

@@ -226,15 +226,14 @@ class Patch:
 
 
 def apply(model, run_dir, *, mode: str = "compile", inductor_mode: str | None = None,
-          min_speedup: float = 1.02, ops: list[str] | None = None, example_inputs=None,
-          force: bool = False) -> Patch:
+          min_speedup: float = 1.02, ops: list[str] | None = None, force: bool = False) -> Patch:
     """Compile `model` in place so that the kernels RUN_DIR's whole-model check kept run for the
     exact regions, shapes, dtypes and strides they won on; everything else is torch.compile's
     (or eager's).
 
     The kernels are those the recorded decision for this mode kept (the end of `optimize` and
-    `kforge apply` record it). With none recorded, `example_inputs` (a tuple of args or a dict
-    of kwargs) lets this call decide now on the model itself; without them nothing goes in.
+    `kforge apply` record it; `kforge_tui.apply(..., example_inputs=...)` decides first when
+    none is recorded); with none recorded nothing goes in.
     `force=True` puts in every candidate the region figures admit, with no whole-model decision
     (to debug a kernel inside the model; the model may then be slower than torch.compile).
     With nothing to apply in compile mode the model is still compiled (the user asked for the
@@ -246,14 +245,6 @@ def apply(model, run_dir, *, mode: str = "compile", inductor_mode: str | None = 
         raise UsageError(f"apply() needs a torch.nn.Module, got {type(model).__name__}")
     prep = prepare(run_dir, min_speedup=min_speedup, ops=ops, mode=mode, inductor_mode=inductor_mode,
                    decided=not force)
-    if not prep.specs and example_inputs is not None and not force:
-        from kforge_tui.integrate.e2e import check_end_to_end
-        from kforge_tui.workload.loader import LoadedModel
-
-        device = next((t.device for t in _tensors(example_inputs)), torch.device("cpu"))
-        check_end_to_end(LoadedModel(model, example_inputs, type(model).__name__, str(device)), run_dir,
-                         mode=mode, inductor_mode=inductor_mode, min_speedup=min_speedup, ops=ops)
-        prep = prepare(run_dir, min_speedup=min_speedup, ops=ops, mode=mode, inductor_mode=inductor_mode)
     if not prep.specs:
         warnings.warn(prep.message, stacklevel=2)
         rt.uninstall(model)
@@ -262,19 +253,6 @@ def apply(model, run_dir, *, mode: str = "compile", inductor_mode: str | None = 
     runtime = rt.Runtime([rt.Kernel(s) for s in prep.specs])
     rt.install(model, runtime, backend_of(prep), mode=mode, inductor_mode=inductor_mode)
     return Patch(model, runtime, prep)
-
-
-def _tensors(x):
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, dict):
-        for v in x.values():
-            yield from _tensors(v)
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            yield from _tensors(v)
 
 
 def remove(model) -> None:

@@ -1,0 +1,60 @@
+"""clock-check: do the end-to-end clocks agree with triton's do_bench on the same forwards?
+
+One model, three forwards compiled in this order: torch.compile, the kforge backend with no
+kernel (what `apply` gives when nothing is kept) and torch.compile again (whether the order of
+compilation matters). Each is timed by do_bench three times, alternated, and by the end-to-end
+clocks of integrate/measure.py: throughput (short and long blocks) and latency. The kforge
+backend with no kernel must read as torch.compile does on every clock, and each clock's
+kforge / compile ratio must agree with do_bench's within 5 % (issue 26).
+
+    python -m bench clock-check --model sample_models/resnet50.py
+"""
+from __future__ import annotations
+
+import statistics
+
+from bench.report import Table
+
+HELP = "the end-to-end clocks against triton's do_bench, on torch.compile and an empty kforge backend"
+
+
+def add_arguments(g) -> None:
+    g.add_argument("--model", default="sample_models/resnet50.py", help="MODEL spec to time")
+
+
+def run(ctx) -> Table:
+    import torch
+
+    from kforge_tui.integrate import decide, measure
+    from kforge_tui.workload.loader import load_model
+
+    loaded = load_model(ctx.args.model, ctx.device)
+    model, inputs = loaded.model, loaded.example_inputs
+    call = (lambda f: f(**inputs)) if isinstance(inputs, dict) else (lambda f: f(*inputs))
+    backend = "cuda" if ctx.device == "cuda" else "cpu"
+    with decide._recompile_room(), torch.inference_mode():
+        fns = {"compile": torch.compile(model, dynamic=False)}
+        call(fns["compile"])
+        fns["kforge0"], _ = decide.kforge_fn(model, [], backend, "compile", None)
+        call(fns["kforge0"])
+        fns["compile2"] = torch.compile(model, dynamic=False)
+        call(fns["compile2"])
+        db = {k: [] for k in fns}
+        if ctx.device == "cuda":
+            for _ in range(3):
+                for name, fn in fns.items():
+                    db[name].append(measure.do_bench({name: fn}, inputs, ctx.device)[name])
+        short = measure.throughput(fns, inputs, ctx.device, rounds=12, block=8)
+        long = measure.throughput(fns, inputs, ctx.device, rounds=4, block=64)
+        lat = measure.latency(fns, inputs, ctx.device)
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    rows = [{"forward": n, "do_bench_ms": med(db[n]), "do_bench_runs": [round(x, 4) for x in db[n]],
+             "thr8_ms": short.median(n), "thr64_ms": long.median(n), "latency_ms": lat.median(n)} for n in fns]
+    ratio = lambda col: (rows[1][col] / rows[0][col]) if rows[0][col] and rows[1][col] else None  # noqa: E731
+    ratios = {c: ratio(c) for c in ("do_bench_ms", "thr8_ms", "thr64_ms", "latency_ms")}
+    rows.append({"forward": "kforge0/compile", **{c: round(v, 3) if v else None for c, v in ratios.items()}})
+    agree = ratios["do_bench_ms"] is None or abs(ratios["thr8_ms"] / ratios["do_bench_ms"] - 1) <= 0.05
+    return Table(["forward", "do_bench_ms", "thr8_ms", "thr64_ms", "latency_ms", "do_bench_runs"], rows,
+                 [f"{ctx.args.model} on {ctx.device}: ms per forward, medians",
+                  "throughput (the decision clock) " + ("agrees with" if agree else "DISAGREES with")
+                  + " do_bench on kforge0/compile within 5 %"], {}, agree)
