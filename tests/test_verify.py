@@ -12,7 +12,7 @@ import torch
 
 from kforge_tui.regions.build import task_of
 from kforge_tui.regions.meta import KERNEL_DTYPES, TensorStats
-from kforge_tui.sandbox import bench, verify
+from kforge_tui.sandbox import bench, judge, verify
 from kforge_tui.sandbox.backends.cpu import CpuBackend
 
 F = torch.nn.functional
@@ -109,7 +109,7 @@ def test_chunked_compare_matches_unchunked(monkeypatch):
     x = torch.randn(64, 300)
     got = x.clone(); got[17, 5] += 1.0; got[63, 299] = float("nan")
     whole = verify.compare(x, got, "float32", "s")
-    monkeypatch.setattr(verify, "CHUNK", 1000)
+    monkeypatch.setattr(judge, "CHUNK", 1000)  # the judge compares in chunks
     chunked = verify.compare(x, got, "float32", "s")
     assert whole.mismatched == chunked.mismatched == 2
     assert [f["index"] for f in whole.first] == [f["index"] for f in chunked.first] == [[17, 5], [63, 299]]
