@@ -72,6 +72,7 @@ from kforge_tui.errors import UsageError
 from kforge_tui.regions.abi import HEADER_NAME
 
 _EXT = {"cuda": "cu", "cpu": "cpp"}
+_KEEP = "keep"  # nvcc's intermediates (the PTX the instruction check reads), removed after it
 _LIB = "kernel.so"
 _LOG_LIMIT = 256 * 1024  # a template error cascade can be megabytes; keep head and tail
 _CACHE_FORMAT = 2
@@ -120,7 +121,8 @@ def compile_flags(backend: str, arch: str) -> list[str]:
         if not m:
             raise UsageError(f"bad cuda arch {arch!r}: expected e.g. sm_90 or sm_90a")
         return ["-O3", f"-arch=sm_{m.group(1)}", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v",
-                "-lineinfo", "-std=c++17", "-cudart", "shared", "-Xlinker", "-z,defs"]
+                "-lineinfo", "-std=c++17", "-cudart", "shared", "-Xlinker", "-z,defs",
+                "-keep", "--keep-dir", _KEEP]
     if backend == "cpu":
         if not re.match(r"^[A-Za-z0-9_.+-]+$", arch or ""):
             raise UsageError(f"bad cpu arch {arch!r}: expected e.g. native or x86-64-v3")
@@ -582,7 +584,7 @@ _ADDRESS_OK = {"__cxa_finalize", "__gmon_start__", "_ITM_deregisterTMCloneTable"
                "_ITM_registerTMCloneTable", "__gxx_personality_v0", "__cudaUnregisterFatBinary"}
 # Changes with the allow-lists and checks above: part of the cache key, so that a cached verdict
 # is never older than the rules.
-_LINK_CHECK_VERSION = "link-check-2"
+_LINK_CHECK_VERSION = "link-check-3"
 # Writable objects the toolchain itself defines (crtstuff; nvcc's fatbin handle and stubs).
 _WRITABLE_OK = re.compile(
     r"^(?:completed\.\d+|__dso_handle|DW\.ref\.__gxx_personality_v0|__TMC_END__|"
@@ -757,6 +759,66 @@ def link_check(lib_path: str | Path, backend: str, device_vars: set[str] | froze
     return list(dict.fromkeys(out))
 
 
+# ------------------------------------------------------------------- instruction check
+#
+# What the built code itself can execute, read from the compiled artifact rather than the source
+# text (issue 21): a clock read or a system call has many spellings in C++ (intrinsics, macros,
+# builtins, bytes in an array called through a cast) but one form in the binary.
+#   host code (every executable section of the library, disassembled with binutils' objdump):
+#     rdtsc/rdtscp/rdpmc (clocks a kernel could tell a measured call from a real one with) and
+#     syscall/sysenter/int $0x80 (system calls; the runner's seccomp filter stops them anyway);
+#   device code (the PTX nvcc generated from the source, asm included: every SASS instruction
+#     comes from it through ptxas): %clock, %clock64, %globaltimer reads, and module-scope
+#     .global variables - a __device__ variable, const or not, lives in writable device memory
+#     (a cast writes a `__device__ const` one), so it is state that outlives a call; only
+#     __constant__ (.const: device code cannot store to it) is read-only.
+# Not seen: bytes that decode to such an instruction only from the middle of another one,
+# reached through a computed jump (x86 has variable-length instructions); the seccomp filter
+# covers the system-call half of that.
+
+_HOST_INSNS = re.compile(r"\t(rdtscp?|rdpmc|syscall|sysenter|int\s+\$0x80)\b")
+_HOST_WHY = {"rdtsc": "it reads the time-stamp counter (a clock)", "rdtscp": "it reads the time-stamp counter (a clock)",
+             "rdpmc": "it reads a performance counter (a clock)", "syscall": "it makes a raw system call",
+             "sysenter": "it makes a raw system call", "int": "it makes a raw system call (int $0x80)"}
+_PTX_CLOCK = re.compile(r"%(clock64|clock|globaltimer(?:_lo|_hi)?)\b")
+_PTX_GLOBAL_VAR = re.compile(r"^(?:\.visible\s+|\.weak\s+|\.extern\s+)?\.global\s+[^;]*?\b(\w+)(?:\[\d*\])?\s*(?:=|;)", re.M)
+
+
+def _objdump() -> str | None:
+    return shutil.which(os.environ.get("KFORGE_OBJDUMP") or "objdump")
+
+
+def instruction_check(lib_path: str | Path, backend: str, keep_dir: str | Path | None = None) -> list[str]:
+    """Problems with what the built code executes (see the comment block above), one line each."""
+    out: list[str] = []
+    tool = _objdump()
+    if tool is None:
+        return ["the built library could not be disassembled (objdump not found): its instructions "
+                "are unchecked"]
+    try:
+        dis = subprocess.run([tool, "-d", "--no-show-raw-insn", str(lib_path)], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        return [f"the built library could not be disassembled: {e}"]
+    if dis.returncode != 0:
+        return [f"the built library could not be disassembled: {dis.stderr.strip()[:200]}"]
+    found = sorted({m.group(1).split()[0] for m in _HOST_INSNS.finditer(dis.stdout)})
+    for insn in found:
+        out.append(f"the library's code contains the instruction {insn}: {_HOST_WHY[insn]}, which a "
+                   "kernel has no reason to")
+    if backend == "cuda" and keep_dir is not None:
+        ptx = "\n".join(p.read_text(errors="replace") for p in sorted(Path(keep_dir).glob("*.ptx")))
+        clocks = sorted({m.group(1) for m in _PTX_CLOCK.finditer(ptx)})
+        if clocks:
+            out.append(f"the device code reads a clock (%{', %'.join(clocks)}): a kernel has no reason to "
+                       "time itself (timing is the harness's job)")
+        for m in _PTX_GLOBAL_VAR.finditer(ptx):
+            out.append(f"mutable device state: the __device__ variable {m.group(1)} lives in writable "
+                       "global memory (device code can write it, const or not; use __constant__ for "
+                       "read-only tables)")
+    return out
+
+
 # ------------------------------------------------------------------------------ compile
 
 _inflight: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
@@ -874,6 +936,7 @@ async def _compile_fresh(source, backend, compiler, flags, cache: Path, entry: P
         if header is not None:
             (work / HEADER_NAME).write_text(header, encoding="utf-8", errors="surrogatepass")
         env = dict(os.environ, LC_ALL="C", TMPDIR=str(work))
+        (work / _KEEP).mkdir(exist_ok=True)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *command, cwd=str(work), env=env, stdin=asyncio.subprocess.DEVNULL,
@@ -901,6 +964,7 @@ async def _compile_fresh(source, backend, compiler, flags, cache: Path, entry: P
             tc = time.perf_counter()
             device_vars = _device_variables(source) if backend == "cuda" else set()
             problems = link_check(work / _LIB, backend, device_vars)
+            problems += await asyncio.to_thread(instruction_check, work / _LIB, backend, work / _KEEP)
             check_ms = (time.perf_counter() - tc) * 1e3
             if problems:
                 ok, stage = False, "link-check"
@@ -922,6 +986,7 @@ async def _compile_fresh(source, backend, compiler, flags, cache: Path, entry: P
         meta = {"ok": ok, "resources": resources, "error_line": error_line, "command": command,
                 "message": message, "compile_seconds": seconds, "returncode": proc.returncode,
                 "stage": stage, "link_check_ms": check_ms}
+        shutil.rmtree(work / _KEEP, ignore_errors=True)
         (work / "log.txt").write_text(log)
         (work / "result.json").write_text(json.dumps(meta))
         lib_path = _publish(work, entry)

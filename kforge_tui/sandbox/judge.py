@@ -292,7 +292,11 @@ def judge_f64(ref64: torch.Tensor, torch_out: torch.Tensor, got: torch.Tensor, d
         # unit here, floored at the smallest normal (denormal flushing is tolerated)
         u = (eps * r.abs()).clamp_min(TINY[dtype] * eps)
         err = (g - r).abs()
-        err_t = (t - r).abs()
+        # PyTorch's own error counts only where PyTorch is finite: where it is NaN or inf and the
+        # float64 run is finite (exp(100) overflows in f32, inf * 0), its "error" is no bound,
+        # and an honest kernel is judged like with like - equal to PyTorch's NaN/inf (below), or
+        # within ulps of the float64 result (issue 21: a Mamba exp+neg+add region)
+        err_t = torch.where(torch.isfinite(t), (t - r).abs(), 0.0)
         if p is not None:
             err_p = (p.to(torch.float64) - r).abs()
             err_t = torch.maximum(err_t, torch.where(torch.isfinite(err_p), err_p, 0.0))

@@ -27,17 +27,6 @@ from dataclasses import asdict
 from kforge_tui.sandbox.backends import device_kind, make_backend
 from kforge_tui.sandbox.worker import MSG_MAX, RunnerGone, recv, send
 
-def _thread_names() -> dict:
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                out[tid] = f.read().strip()
-        except OSError:
-            pass
-    return out
-
-
 def _keep_freed_memory(backend_name: str, device: int) -> None:
     """Make freed memory stay where it was, as in a long-running model process: no heap trimming
     and no mmap for blocks under 32 MiB (glibc). A result a kernel hides in a freed block (a
@@ -161,6 +150,76 @@ def _python_dirs() -> tuple[str, ...]:
     return tuple(sorted(os.path.realpath(d) for d in dirs if d))
 
 
+def _quiet_python() -> None:
+    """Nothing of Python's may open a file once the syscall filter is on: warnings and
+    tracebacks read source lines (linecache), imports write bytecode. In a runner those lines
+    are not worth a killed process."""
+    import linecache
+    import warnings
+
+    warnings.simplefilter("ignore")
+    linecache.getlines = lambda *a, **k: []  # type: ignore[assignment]
+    linecache.getline = lambda *a, **k: ""  # type: ignore[assignment]
+    sys.dont_write_bytecode = True
+
+
+def _filter(stage: str, backend_name: str, probe) -> str:
+    """Install the LOAD or RUN system-call filter (sandbox/seccomp.py); the problem text when the
+    kernel refused it ("" when installed or switched off)."""
+    from kforge_tui.sandbox import seccomp
+
+    if not seccomp.enabled():
+        return ""
+    try:
+        (seccomp.load_filter if stage == "load" else seccomp.run_filter)(backend_name, probe.native)
+    except OSError as e:
+        return f"the runner could not install its system-call filter ({e})"
+    return ""
+
+
+class _LibraryState:
+    """The candidate library's own writable pages, compared after every call. The binary check
+    refuses writable symbols, but a page that holds .bss is writable to its end and no symbol
+    covers the tail: a note kept there (a table of guard bytes, a call counter) is state all the
+    same. Read with no system call (the mappings are listed before the filter). On cuda the
+    first call may fill nvcc's kernel-handle caches, so the reference is taken after it."""
+
+    def __init__(self, lib_path: str | None, first_call_writes: bool):
+        self.ranges: list[tuple[int, int]] = []
+        if lib_path:
+            real = os.path.realpath(lib_path)
+            try:
+                with open("/proc/self/maps", "rb", buffering=0) as f:  # raw: no isatty ioctl
+                    text = b"".join(iter(lambda: f.read(1 << 16), b"")).decode()
+                    for line in text.splitlines():
+                        parts = line.split(None, 5)
+                        if len(parts) == 6 and parts[1].startswith("rw") and parts[5].strip() == real:
+                            a, b = (int(x, 16) for x in parts[0].split("-"))
+                            self.ranges.append((a, b - a))
+            except OSError:
+                pass
+        self.snap = self._read()
+        self.settled = not first_call_writes
+
+    def _read(self) -> list[bytes]:
+        import ctypes
+
+        return [ctypes.string_at(a, n) for a, n in self.ranges]
+
+    def problem(self) -> str:
+        if not self.ranges:
+            return ""
+        now = self._read()
+        if now != self.snap:
+            if not self.settled:
+                self.snap, self.settled = now, True
+                return ""
+            return ("worker state changed: the kernel keeps values in its library's own writable "
+                    "memory between calls (state the binary check cannot see)")
+        self.settled = True
+        return ""
+
+
 def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> None:
     import ctypes
 
@@ -188,6 +247,8 @@ def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> No
             torch.ones(4096).add_(1)  # the intra-op pool (the same libgomp) at its size
         if triton:
             _warm_triton(backend, spawn.get("triton_warm_dir"))
+        probe.arm_sigsys(sock.fileno())  # a refused system call is reported, then the runner exits
+        _quiet_python()
     except Exception as e:
         kind = "oom" if verify.is_oom(e) else "ready"
         send(sock, {"ev": kind, "error": f"runner start failed: {type(e).__name__}: {str(e)[:300]}"})
@@ -206,31 +267,17 @@ def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> No
         sets = verify.views(mem, slots, job.get("names"))
         sig = Signature(job["backend"], tuple(TensorMeta.from_json(m) for m in job["inputs"]),
                         tuple(TensorMeta.from_json(m) for m in job["outputs"]))
-        # garbage for unchecked timed calls: one pool per output, copied at a random offset
-        spec = job.get("pool") or {}
-        pool_seed = int(spec.get("seed") or int.from_bytes(os.urandom(7), "little"))
-        pools = verify.garbage_pools(sig.outputs, backend.device, pool_seed) \
-            if job.get("poison_pools", True) else []
-        gen = verify.generator(backend.device, int.from_bytes(os.urandom(7), "little"))
     except Exception as e:
         send(sock, {"ev": "oom" if verify.is_oom(e) else "loaded",
                     "error": f"runner could not map the task: {type(e).__name__}: {str(e)[:300]}"})
         return
-    allow_threads = ("cuda",) if backend_name == "cuda" else ()
-
-    def new_threads(before: dict) -> list[str]:
-        now = _thread_names()
-        return [n for t, n in now.items() if t not in before and not n.startswith(allow_threads or ("\0",))]
-
     lib_path = job.get("lib")
-    allow_dirs: tuple[str, ...] = ()
     entry = None
     if triton:
         # the candidate's files and Triton's cache live in its own directory (compiled kernels
-        # are mapped from there on a GPU); installed Python code may be mapped by lazy imports
+        # are mapped from there on a GPU)
         cand_dir = job["cand_dir"]
         os.environ["TRITON_CACHE_DIR"] = os.path.join(cand_dir, "triton_cache")
-        allow_dirs = (os.path.realpath(cand_dir),) + _python_dirs()
         try:
             with open(job["source_path"], encoding="utf-8") as f:
                 source = f.read()
@@ -238,22 +285,27 @@ def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> No
             send(sock, {"ev": "loaded", "error": f"cannot read the candidate: {str(e)[:300]}",
                         "status": "load_error"})
             return
-    before = probe_mod.census(probe)
-    names0 = _thread_names()
+    before = probe_mod.self_census(probe)
     if triton:
         from kforge_tui.sandbox import triton_loader
 
         s0 = sets[0]
         with backend.stream_context():
-            # check, import, first call (Triton's JIT + one run on set 0, timed to its end)
+            # check, import, first call (Triton's JIT + one run on set 0, timed to its end);
+            # the JIT compiles with a subprocess and writes its cache: before any filter
             entry = triton_loader.worker_entry(source, cand_dir, s0.tensors(), s0.out_tensors(),
                                                sync=backend.sync)
         if entry.status != "ok":
             send(sock, {"ev": "loaded", "error": entry.message or entry.status, "status": entry.status,
                         "log": (entry.log or "")[-4000:], "jit_s": entry.jit_s, "load_s": entry.load_s})
             return
+        os.environ.pop("TRITON_CACHE_DIR", None)  # the candidate's path is no word for it to find
         fn = None
     else:
+        refused = _filter("load", backend_name, probe)
+        if refused:
+            send(sock, {"ev": "loaded", "error": refused})
+            return
         try:
             lib = ctypes.CDLL(lib_path, mode=ctypes.RTLD_LOCAL)
             fn = getattr(lib, ENTRY)
@@ -265,18 +317,34 @@ def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> No
             return
         fn.restype = ctypes.c_int
         fn.argtypes = sig.argtypes()
-    after = probe_mod.census(probe)
-    problems = [x for x in probe_mod.diff(before, after, lib_path, at_load=True, allow_dirs=allow_dirs)
-                if not x.endswith("left running")]
-    nt = new_threads(names0)
-    if nt:
-        problems.insert(0, f"{len(nt)} new thread{'s' if len(nt) > 1 else ''} started")
+    after = probe_mod.self_census(probe)
+    lib_state = _LibraryState(lib_path if not triton else None, first_call_writes=backend_name == "cuda")
+    stream = backend.stream_handle()
+    arg_cache: dict = {}
+
+    def args_of(s):
+        """The call's arguments for s where its tensors are now (cached per placement)."""
+        key = (id(s), tuple(g.slot.offset for g in s.outputs),
+               tuple(g.slot.offset if g is not None else -1 for g in s.inputs))
+        got = arg_cache.get(key)
+        if got is None:
+            if len(arg_cache) > 4 * len(sets):
+                arg_cache.clear()
+            got = [s.tensors(), s.out_tensors()] if triton else sig.call_args(s.tensors(), s.out_tensors(), stream)
+            arg_cache[key] = got
+        return got
+
+    for s_ in sets:  # built now: nothing is allocated between the kernel's calls in verification
+        args_of(s_)
+    probe.scrub_stack()
+    refused = _filter("run", backend_name, probe)
+    problems = probe_mod.diff(before, after, lib_path, at_load=True)
     fp = probe_mod.fp_diff(before, after)
-    problem = ""
+    problem = refused
     what = "the candidate was loaded and first called" if triton else "the library was loaded"
-    if fp:
+    if fp and not problem:
         problem = f"floating-point environment changed when {what}: {fp}"
-    elif problems:
+    elif problems and not problem:
         problem = (f"worker state changed when {what}: " if triton else
                    "worker state changed when the library was loaded (static initialiser or "
                    "constructor): ") + "; ".join(problems)
@@ -287,17 +355,7 @@ def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> No
     if problem:
         return
     base_env = after["fpenv"]
-    base_threads = probe.num_threads()
-    counts = [base_threads]
-    stream = backend.stream_handle()
-    arg_cache: dict[int, list] = {}
-    for s_ in sets:  # built now: nothing is allocated between the kernel's calls later
-        if triton:
-            arg_cache[id(s_)] = [s_.tensors(), s_.out_tensors()]
-        else:
-            arg_cache[id(s_)] = sig.call_args(s_.tensors(), s_.out_tensors(), stream)
     rbuf = bytearray(MSG_MAX)
-    pick = random.Random(int.from_bytes(os.urandom(8), "little"))
 
     def rx() -> dict:
         # recv_into a buffer allocated once: between two calls of the kernel the runner touches
@@ -312,18 +370,18 @@ def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> No
         launch, launch_fast = entry.launch, entry.launch_fast
 
         def call(s) -> int:  # timed calls: no guard (the guarded calls verified the same code)
-            rc = launch_fast(*arg_cache[id(s)])
+            rc = launch_fast(*args_of(s))
             if rc != 0:
                 raise verify.CandidateError(f"{entry.last_error or f'{ENTRY} returned {rc}'} "
                                             f"(timed call on {s.name})")
             return 0
 
         def checked_call(s) -> tuple[int, str]:  # verification calls: under the torch-op guard
-            rc = launch(*arg_cache[id(s)])
+            rc = launch(*args_of(s))
             return rc, (entry.last_error or f"{ENTRY} returned {rc}") if rc != 0 else ""
     else:
         def call(s) -> int:
-            return fn(*arg_cache[id(s)])
+            return fn(*args_of(s))
 
         def checked_call(s) -> tuple[int, str]:
             return call(s), ""
@@ -332,53 +390,31 @@ def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> No
         env = probe.fpenv()
         if env != base_env:
             return f"floating-point environment changed by the call: {probe_mod.describe_fpenv(base_env, env)}"
-        n = probe.num_threads()
-        if n > counts[0]:
-            if not new_threads(names0):  # the CUDA driver's own (named cuda-*), started lazily
-                counts[0] = n
-                return ""
-            return (f"worker state changed: {n - base_threads} new thread{'s' if n - base_threads > 1 else ''} "
-                    f"left running after the call (work outside the timed call)")
-        return ""
+        return lib_state.problem()  # threads, files, mappings: the supervisor reads /proc after every call
 
-    def state_problem() -> str:
-        nt = new_threads(names0)
-        if nt:
-            return (f"worker state changed: {len(nt)} new thread{'s' if len(nt) > 1 else ''} left "
-                    f"running after the call (work outside the timed call)")
-        return ""
-
-    fill_views = []
-    offsets = spec.get("offsets")
-    for si, s_ in enumerate(sets):
-        views_ = []
-        for j, (o, p) in enumerate(zip(s_.outputs, pools)):
-            offs = offsets[si][j] if offsets else pick.sample(range(1024), 8)
-            views_.append([p[off:off + o.numel].view(o.tensor.shape) for off in offs])
-        fill_views.append(views_)
     index = {id(s): i for i, s in enumerate(sets)}
 
-    def fill(s) -> None:
-        if pools:
-            for o, vs in zip(s.outputs, fill_views[index[id(s)]]):
-                o.tensor.copy_(vs[pick.randrange(len(vs))])
-        else:
-            for o in s.outputs:
-                verify.fill_random(o.tensor, gen)
-
     class Remote(bench.Checks):
+        """The runner's side of every timed call's checkpoints: the supervisor places the
+        call's tensors anew and writes them (before), then judges the call (after)."""
+
         def before(self, i, s, refresh):
             send(sock, {"ev": "before", "i": i, "set": index[id(s)], "refresh": bool(refresh)})
-            fill_ = rx().get("fill")
-            if fill_ and pools:  # the supervisor's pick among the windows unchecked calls get
-                for o, vs, k_ in zip(s.outputs, fill_views[index[id(s)]], fill_):
-                    o.tensor.copy_(vs[int(k_)])
+            go = rx()
+            if go.get("slots"):
+                ins, outs = go["slots"]
+                verify.relocate(s, mem, [verify.Slot.from_json(x) if x is not None else None for x in ins],
+                                [verify.Slot.from_json(x) for x in outs])
 
         def after(self, i, s, report):
             send(sock, {"ev": "after", "i": i, "set": index[id(s)], "rc": report.rc if report else 0,
-                        "problem": state_problem()})
+                        "problem": ""})
             mm = rx().get("mismatch")
             return verify.Mismatch(**mm) if mm else None
+
+    def home() -> None:
+        for s_, (ins, outs) in zip(sets, slots):
+            verify.relocate(s_, mem, ins, outs)
 
     while True:
         try:
@@ -401,10 +437,13 @@ def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> No
                     msg["candidate_error"] = f"{err} (on {s.name})"
                 send(sock, msg)
             elif c == "time":
-                with backend.stream_context():
-                    timing, mm = bench.time_calls(backend, call, sets, cmd.get("cfg"), fill=fill,
-                                                  checks=Remote(), after_call=after_call,
-                                                  seed=int(cmd.get("seed", 0)) or None)
+                try:
+                    with backend.stream_context():
+                        timing, mm = bench.time_calls(backend, call, sets, cmd.get("cfg"),
+                                                      checks=Remote(), after_call=after_call,
+                                                      seed=int(cmd.get("seed", 0)) or None)
+                finally:
+                    home()
                 send(sock, {"ev": "timed", "timing": asdict(timing),
                             "mismatch": asdict(mm) if mm is not None else None})
             elif c == "final":
@@ -413,13 +452,11 @@ def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> No
                     backend.check_device()
                 except Exception as e:
                     err = str(e)
-                end = probe_mod.census(probe)
-                probs = [x for x in probe_mod.diff(after, end, lib_path, allow_dirs=allow_dirs)
-                         if not x.endswith("left running")]
-                st = state_problem()
+                end = probe_mod.self_census(probe)
+                probs = probe_mod.diff(after, end, lib_path)
                 fp = probe_mod.fp_diff(after, end)
                 problem = (f"floating-point environment changed: {fp}" if fp else
-                           st or ("worker state changed after the calls: " + "; ".join(probs) if probs else ""))
+                           ("worker state changed after the calls: " + "; ".join(probs) if probs else ""))
                 send(sock, {"ev": "final", "problem": problem, "device_error": err})
             elif c == "exit":
                 return
@@ -438,4 +475,3 @@ def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> No
             send(sock, {"ev": "error", "error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}",
                         "device_error": dev})
             return
-

@@ -94,7 +94,6 @@ class PreparedTask:
     k: int
     plan_note: str = ""
     edge: bool = True
-    poison_pools: bool = True
     ref64: object = None
     compiled_fn: object = None
     retries: list = field(default_factory=list)
@@ -294,7 +293,8 @@ class Worker(RemoteTiming):
         the region is too big for it - a private device copy of the inputs (else a host copy and
         a keyed device hash). Beside the sets: the reference's workspace (every value its graph
         makes, an upper bound from a run on meta tensors), what re-writing a set's values keeps
-        alive for a moment, the float64 run of the edge cases, the runner's garbage pools and
+        alive for a moment, the float64 run of the edge cases, the copy of the arena the
+        whole-arena check compares with (verify.ArenaWatch), and
         its CUDA context, and a margin. The richest configuration that still leaves enough sets
         to rotate wins; with no room for even that, the leanest one with a single set."""
         from kforge_tui.regions.meta import DTYPE_BYTES
@@ -304,7 +304,7 @@ class Worker(RemoteTiming):
         in_b = sum(x.total for x in ins if x is not None)
         out_b = sum(m.nbytes for m in task.outputs)
         gaps = sum(x.span for x, m in zip(outs, task.outputs) if x.span > m.nbytes)
-        pools = sum((m.numel + 1024) * DTYPE_BYTES[m.dtype] for m in task.outputs)
+        pools = min(per_arena * max(4, n_calls + 3), verify.ArenaWatch.COPY_LIMIT)  # the arena's copy
         ws = estimate_workspace(task)
         ws64 = estimate_workspace(task, f64=True) + sum(m.numel * 8 for m in task.outputs)
         cmp_ws = min(max((m.numel for m in task.outputs), default=0), verify.CHUNK) * 8 * 6
@@ -517,18 +517,7 @@ class Worker(RemoteTiming):
                          for ins, outs in st.slots],
                "names": [s.name for s in st.sets], "backend": self.backend.name,
                "inputs": [m.to_json() for m in st.task.inputs],
-               "outputs": [m.to_json() for m in st.task.outputs], "poison_pools": st.poison_pools}
-        pool = None
-        if st.poison_pools:
-            # The garbage pool the runner copies into the outputs of unchecked timed calls is
-            # made from a seed and window offsets chosen here, so checked timed calls can be
-            # filled from the very same windows (verify.Verifier.timed_before): a kernel that
-            # remembers which garbage it has seen, or the guard bytes, cannot tell them apart.
-            prng = random.Random(int.from_bytes(os.urandom(8), "little"))
-            pool = {"seed": prng.getrandbits(62),
-                    "offsets": [[sorted(prng.sample(range(1024), 8)) for _ in st.task.outputs]
-                                for _ in st.sets]}
-            job["pool"] = pool
+               "outputs": [m.to_json() for m in st.task.outputs]}
         log_lines: list[str] = []
 
         def remaining() -> float:
@@ -546,19 +535,25 @@ class Worker(RemoteTiming):
                 raise InfraError(f"out of memory in the kernel process: {msg.get('error', '')}")
             if msg.get("ev") == "error":
                 raise _RunnerError(msg.get("error", ""), msg.get("device_error", ""))
+            if msg.get("ev") == "sigsys":
+                raise _SyscallRefused(msg.get("nr"))
             return msg
+
+        census = RunnerCensus(runner.pid, self.backend.name, req.get("lib_path"),
+                              self._allow_dirs(cand_dir),
+                              ignore_fds=(getattr(st.arena, "fd_target", lambda: "")(),))
 
         def call(s) -> verify.CallReport:
             send(runner.sock, {"cmd": "call", "set": sets_idx[id(s)]})
             m = rx()
             if m.get("candidate_error"):
                 raise verify.CandidateError(m["candidate_error"])
-            return verify.CallReport(int(m.get("rc", 0)), m.get("problem") or "")
+            return verify.CallReport(int(m.get("rc", 0)), m.get("problem") or census.after_call())
 
         v = verify.Verifier(st.task, st.sets, call, st.reference, device=self.backend.device,
                             sync=self.backend.sync_all, stats=st.stats, reference64=st.ref64, edge=st.edge,
-                            log=log_lines)
-        v.pool = pool
+                            log=log_lines, arena=st.arena.tensor)
+        v.census = census
         try:
             with _HarnessThreads(torch, st.task):
                 return self._drive(st, req, emit, runner, job, fds, v, res, stage_s, rx, remaining, t)
@@ -609,12 +604,23 @@ class Worker(RemoteTiming):
             res["jit_s"] = m["jit_s"]
         return self._fail(res, status, stage, msg)
 
+    def _allow_dirs(self, cand_dir: str | None) -> tuple[str, ...]:
+        """Where a Triton candidate's first call may map code from: its own directory (Triton's
+        compiled kernels) and installed Python code (lazy imports)."""
+        if not cand_dir:
+            return ()
+        from kforge_tui.sandbox.runner import _python_dirs
+
+        return (os.path.realpath(cand_dir),) + _python_dirs()
+
     def _drive(self, st, req, emit, runner, job, fds, v, res, stage_s, rx, remaining, t):
         """load -> verify (before timing) -> time -> verify (after timing) -> final census."""
-        from kforge_tui.sandbox import verify
+        from kforge_tui.sandbox import seccomp, verify
 
+        census = v.census
         if True:  # (one block: every way out of the protocol is handled below)
             try:
+                census.start()  # the idle runner, before it maps the task and loads the candidate
                 send(runner.sock, job, fds)
                 m = rx()
                 stage_s["load"] = time.perf_counter() - t  # Triton: its JIT (first call) included
@@ -623,8 +629,9 @@ class Worker(RemoteTiming):
                     res["jit_s"] = float(m["jit_s"])
                 if m.get("error"):
                     return self._load_failure(res, m)
-                if m.get("problem"):
-                    return self._fail(res, "verify_error", "load", m["problem"])
+                problem = m.get("problem") or census.loaded(self.lang == "triton")
+                if problem:
+                    return self._fail(res, "verify_error", "load", problem)
                 emit("verify")
                 res["stage"] = "verify"
                 t = time.perf_counter()
@@ -655,8 +662,9 @@ class Worker(RemoteTiming):
                 stage_s["verify"] += time.perf_counter() - t
                 if m.get("device_error"):
                     return self._fail(res, "crash", "time", f"{m['device_error']} (kernel process discarded)")
-                if m.get("problem"):
-                    return self._fail(res, "verify_error", "time", m["problem"])
+                problem = m.get("problem") or census.final()
+                if problem:
+                    return self._fail(res, "verify_error", "time", problem)
             except verify.CandidateError as e:
                 return self._fail(res, "verify_error", res["stage"], self._rc_text(str(e)))
             except _Timeout:
@@ -664,8 +672,13 @@ class Worker(RemoteTiming):
                 return self._fail(res, "timeout", res["stage"],
                                   f"no result after {float(req.get('deadline_s') or 60):g} s; the kernel's "
                                   f"process was killed")
+            except _SyscallRefused as e:
+                runner.kill()
+                return self._fail(res, "verify_error", res["stage"], seccomp.describe(e.nr))
             except RunnerGone:
                 status = runner.exit_status()
+                if status in (seccomp.EXIT_STATUS, -31):  # the filter's handler, or SIGSYS itself
+                    return self._fail(res, "verify_error", res["stage"], seccomp.describe(None))
                 from kforge_tui.sandbox.pool import describe_exit
 
                 return self._fail(res, "crash", res["stage"],
@@ -734,6 +747,84 @@ class _HarnessThreads:
     def __exit__(self, *exc):
         if self.small and self.n > 1:
             self.torch.set_num_threads(self.n)
+
+
+class _SyscallRefused(Exception):
+    def __init__(self, nr):
+        super().__init__(f"system call {nr}")
+        self.nr = int(nr) if isinstance(nr, int) else None
+
+
+class RunnerCensus:
+    """The runner's process state as /proc shows it, read from the supervisor: threads (with
+    their names), open files, executable mappings, POSIX timers. The runner cannot open /proc
+    itself under its syscall filter, and a candidate cannot forge what is read from outside.
+    The runner reports only what has no system call: its FP environment and signal handlers."""
+
+    def __init__(self, pid: int, backend: str, lib_path: str | None, allow_dirs: tuple = (),
+                 ignore_fds: tuple = ()):
+        self.pid = pid
+        self.ignore_fds = {x for x in ignore_fds if x}
+        self.lib_path = lib_path
+        self.allow_dirs = allow_dirs
+        self.allow_threads = ("cuda",) if backend == "cuda" else ()
+        self.base: dict = {}
+        self.after: dict = {}
+        self.names: dict = {}
+
+    def start(self) -> None:
+        from kforge_tui.sandbox.backends import probe
+
+        self.base = self._census()
+        self.names = dict(self.base["names"])
+
+    def _census(self) -> dict:
+        from kforge_tui.sandbox.backends import probe
+
+        c = probe.proc_census(self.pid)
+        c["fds"] = {k: v for k, v in c["fds"].items() if v not in self.ignore_fds}  # the arena's
+        return c
+
+    def _new_threads(self) -> list[str]:
+        from kforge_tui.sandbox.backends import probe
+
+        now = probe.thread_names(self.pid)
+        new = {t: n for t, n in now.items() if t not in self.names}
+        lazy = {t: n for t, n in new.items() if self.allow_threads and n.startswith(self.allow_threads)}
+        self.names.update(lazy)  # the CUDA driver's own (named cuda-*), started lazily
+        return [n for t, n in new.items() if t not in lazy]
+
+    def loaded(self, triton: bool) -> str:
+        from kforge_tui.sandbox.backends import probe
+
+        self.after = self._census()
+        problems = [x for x in probe.diff(self.base, self.after, self.lib_path, at_load=True,
+                                          allow_dirs=self.allow_dirs) if not x.endswith("left running")]
+        nt = self._new_threads()
+        if nt:
+            problems.insert(0, f"{len(nt)} new thread{'s' if len(nt) > 1 else ''} started")
+        if not problems:
+            return ""
+        return (("worker state changed when the candidate was loaded and first called: " if triton else
+                 "worker state changed when the library was loaded (static initialiser or constructor): ")
+                + "; ".join(problems))
+
+    def after_call(self) -> str:
+        nt = self._new_threads()
+        if nt:
+            return (f"worker state changed: {len(nt)} new thread{'s' if len(nt) > 1 else ''} left "
+                    f"running after the call (work outside the timed call)")
+        return ""
+
+    def final(self) -> str:
+        from kforge_tui.sandbox.backends import probe
+
+        st = self.after_call()
+        if st:
+            return st
+        probs = [x for x in probe.diff(self.after, self._census(), self.lib_path,
+                                       allow_dirs=self.allow_dirs) if not x.endswith("left running")]
+        return "worker state changed after the calls: " + "; ".join(probs) if probs else ""
 
 
 class _RunnerError(Exception):

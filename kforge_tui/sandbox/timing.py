@@ -113,14 +113,16 @@ class RemoteTiming:
                 m = rx()
                 ev = m.get("ev")
                 if ev == "before":
-                    fill = v.timed_before(st.sets[int(m["set"])], bool(m.get("refresh")),
-                                          set_index=int(m["set"]))
-                    send(runner.sock, {"go": 1, "fill": fill})
+                    slots = v.timed_before(st.sets[int(m["set"])], bool(m.get("refresh")),
+                                           set_index=int(m["set"]))
+                    send(runner.sock, {"go": 1, "slots": slots})
                 elif ev == "after":
+                    problem = m.get("problem") or v.census.after_call()
                     mm = v.timed_after(st.sets[int(m["set"])],
-                                       verify.CallReport(int(m.get("rc", 0)), m.get("problem") or ""))
+                                       verify.CallReport(int(m.get("rc", 0)), problem))
                     send(runner.sock, {"mismatch": asdict(mm) if mm is not None else None})
                 elif ev == "timed" or ev == "called":
+                    v.home()
                     if m.get("candidate_error"):
                         raise verify.CandidateError(m["candidate_error"])
                     t = m.get("timing")

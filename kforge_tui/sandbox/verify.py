@@ -47,9 +47,10 @@ from kforge_tui.regions.meta import FLOAT_DTYPES, TensorMeta
 # The verifier's vocabulary lives in three modules (input sets, references, the judge); callers
 # keep importing it from here.
 from kforge_tui.sandbox.inputs import *  # noqa: F401,F403
-from kforge_tui.sandbox.inputs import (EDGE_TEXT, InputSet, _captured_inputs, _captured_stats,  # noqa: F401
-                                       checksum, draw, draw_into, edge_into, edge_kinds, fill_bytes,
-                                       fill_random, garbage_pools, generator, poison_scale)
+from kforge_tui.sandbox.inputs import (EDGE_TEXT, ArenaWatch, InputSet, _captured_inputs,  # noqa: F401
+                                       _captured_stats, checksum, draw, draw_into, edge_into,
+                                       edge_kinds, fill_bytes, fill_random, generator, place,
+                                       poison_scale, relocate, scrub)
 from kforge_tui.sandbox.judge import *  # noqa: F401,F403
 from kforge_tui.sandbox.judge import (MANTISSA, _label, _unravel_many, compare, is_oom, judge_f64,
                                       special_mismatch)
@@ -82,7 +83,7 @@ class Verifier:
 
     def __init__(self, task, sets: list[InputSet], call, reference, *, device="cpu", sync=None,
                  stats: list | None = None, reference64=None, seed: int | None = None,
-                 edge: bool = True, log: list | None = None):
+                 edge: bool = True, log: list | None = None, arena=None):
         self.task = task
         self.sets = sets
         self.call = call
@@ -100,7 +101,14 @@ class Verifier:
                        "timed_checks": 0, "fresh_timed": 0}
         self._poison_seed: dict[int, int] = {}
         self._guard_snap: dict[int, list] = {}
-        self.pool: dict | None = None  # the runner's garbage pool: {"seed", "offsets"[set][output]}
+        # the whole arena the sets live in (None in process: tests without one): checked after
+        # every call outside the outputs, and where timed calls' tensors are placed anew
+        self.arena = arena
+        self.watch = ArenaWatch(arena, self.rng.getrandbits(62)) if arena is not None else None
+        self._home = {id(x): ([g.slot if g is not None else None for g in x.inputs],
+                              [g.slot for g in x.outputs]) for x in sets}
+        self.moved = False
+        self._last_timed = None
         self.sum_seed = self.rng.getrandbits(62)  # this candidate's key for input hashes
         self._sums: dict[int, list] = {}
 
@@ -159,16 +167,6 @@ class Verifier:
         seed = self._poison_seed.get(id(s))
         if seed is None:
             return None
-        if isinstance(seed, tuple) and seed[0] == "pool":
-            try:
-                _, si, picks = seed
-                pools = garbage_pools(self.task.outputs, self.device, self.pool["seed"])
-                return [p[self.pool["offsets"][si][j][k]:][:o.numel].view(o.tensor.shape)
-                        for j, (p, o, k) in enumerate(zip(pools, s.outputs, picks))]
-            except Exception as e:
-                if is_oom(e):
-                    return None
-                raise
         if isinstance(seed, tuple):
             return seed[1]
         g = generator(self.device, seed)
@@ -191,6 +189,8 @@ class Verifier:
     def prepare(self, s: InputSet, stale: bool | None = None) -> None:
         self._poison(s, stale)
         self.sync()
+        if self.watch is not None:
+            self.watch.snapshot(s.outputs)
 
     def check(self, s: InputSet, label: str, report: CallReport | None = None,
               values: bool = True) -> Mismatch | None:
@@ -219,6 +219,9 @@ class Verifier:
                 changed = not torch.equal(g.base, saved)
             if changed:
                 return special_mismatch(label, total, f"inputs modified (input {i} changed by the kernel)")
+        if self.watch is not None and self.watch.changed():
+            return special_mismatch(label, total, "wrote outside the outputs: harness memory between "
+                                                  "the tensors changed (state kept where no tensor is)")
         pois = None
         for j, (exp, o, m) in enumerate(zip(s.expected, s.outputs, self.task.outputs)):
             mm = compare(exp, o.tensor, m.dtype, _label(label, j, len(s.outputs)))
@@ -464,29 +467,55 @@ class Verifier:
         return None
 
     # -- timed calls (the runner's checkpoints)
-    def timed_before(self, s: InputSet, refresh: bool, set_index: int | None = None) -> list | None:
-        """Before a checked timed call. A checked call must look like the unchecked ones around
-        it, or a kernel with somewhere to keep a note (a stack or heap ghost, slack in some
-        writable page) works only when it is watched: with a garbage pool (`self.pool`, the
-        runner's) the outputs get one of the windows unchecked calls get (returned: the
-        runner copies it) and the guard bytes are left as they are (they are still checked
-        against the last snapshot); fresh guard bytes or fresh poison only on checked calls
-        would be the tell."""
-        if refresh:
+    def timed_before(self, s: InputSet, refresh: bool = True, set_index: int | None = None) -> list | None:
+        """Before a timed call (every one is checked): s's tensors move to new random places in
+        the arena (the runner gets the slots, returned), get input values never seen before and
+        fresh poison; the arena is snapshotted. Nothing about a measured call differs from a
+        real one that a kernel could key on: not the values, not the addresses, not the
+        distances between its buffers."""
+        slots = None
+        if self.arena is not None:
+            ins, outs = place(s, self.arena.numel(), self.rng)
+            relocate(s, self.arena, ins, outs)
+            self.moved = True
+            slots = [[x.to_json() if x is not None else None for x in ins], [x.to_json() for x in outs]]
+        last = self._last_timed
+        if not refresh and last is not None and last is not s and not s.host_saved and last.saved:
+            # a replay probe (bench.plan): exactly the previous call's inputs, elsewhere
+            for g, c in zip(s.inputs, last.saved):
+                if g is not None and c is not None:
+                    g.base.copy_(c)
+            s.expected = [e.clone() for e in last.expected]
+            s.save_inputs()
+            self.checks["replay_probes"] = self.checks.get("replay_probes", 0) + 1
+        elif refresh or slots is not None:
             self.write_values(s, self.fresh_values())
             self.checks["fresh_timed"] += 1
-        if self.pool is not None and set_index is not None and id(s) in self._guard_snap:
-            picks = [self.rng.randrange(len(offs)) for offs in self.pool["offsets"][set_index]]
-            self._poison_seed[id(s)] = ("pool", set_index, picks)
-            self.sync()
-            return picks
-        self.prepare(s)
-        return None
+        self._last_timed = s
+        self.prepare(s, stale=False)
+        return slots
 
     def timed_after(self, s: InputSet, report: CallReport | None = None) -> Mismatch | None:
         self.sync()
         self.checks["timed_checks"] += 1
         return self.check(s, f"timed-run output ({s.name})", report)
+
+    def home(self) -> None:
+        """After the timed calls: every set back at its own slots with its values (the timed
+        calls' placements overlapped them), the arena scrubbed again."""
+        if not self.moved:
+            return
+        scrub(self.arena, self.gen)
+        for x in self.sets:
+            ins, outs = self._home[id(x)]
+            relocate(x, self.arena, ins, outs)
+            if x.host_saved:
+                x.dirty = True
+            self._restore(x)
+        self._guard_snap.clear()
+        self.moved = False
+        self._last_timed = None
+        self.sync()
 
 
 def verify_candidate(call, sets: list[InputSet], task, reference, *, sync=None, device="cpu",

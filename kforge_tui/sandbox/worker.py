@@ -65,6 +65,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import sys
 import traceback
@@ -179,9 +180,51 @@ class Zygote:
             return None
 
 
+# Words that name the sandbox: none may be in a runner's command line, environment or stack,
+# or a kernel could tell the harness from a real forward by looking (issue 21).
+SANDBOX_WORDS = re.compile(r"kforge|sandbox|zygote|runner|supervisor|harness|verif|cheat|candidate",
+                           re.IGNORECASE)
+SETTINGS: dict[str, str] = {}  # the KFORGE_* settings, read before the zygote drops them
+
+
+def _plain_process() -> None:
+    """Make the zygote (and so every runner) look like any Python process: variables whose
+    name or value names the sandbox leave the environment (the KFORGE_* settings are kept in
+    SETTINGS first), the others are re-set so libc's environment points at copies, and the
+    original argument and environment strings at the top of the stack are zeroed, argv reading
+    "python3" (/proc/self/cmdline, a scan of the stack)."""
+    import ctypes
+
+    SETTINGS.update({k: v for k, v in os.environ.items() if k.startswith("KFORGE_")})
+    for k in list(os.environ):
+        if SANDBOX_WORDS.search(k) or SANDBOX_WORDS.search(os.environ.get(k, "")):
+            del os.environ[k]
+    for k, v in list(os.environ.items()):
+        os.environ[k] = v  # setenv: a heap copy; the stack's string is no longer referenced
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        # fields after the command name, 0-based from `state` (field 3): arg_start is field 48
+        arg_start, arg_end, env_start, env_end = (int(x) for x in fields[45:49])
+    except (OSError, ValueError, IndexError):
+        return
+    if env_end > env_start:
+        ctypes.memset(env_start, 0, env_end - env_start)
+    if arg_end > arg_start:
+        ctypes.memset(arg_start, 0, arg_end - arg_start)
+        name = b"python3"
+        ctypes.memmove(arg_start, name, min(len(name), arg_end - arg_start - 1))
+    sys.argv[:] = ["python3"]
+    try:
+        sys.orig_argv[:] = ["python3"]
+    except (AttributeError, TypeError):
+        pass
+
+
 def _zygote_main(sock: socket.socket, backend: str, device: int) -> None:
     from kforge_tui.sandbox.runner import _runner_main
 
+    _plain_process()
     statuses: dict[int, int] = {}
 
     def reap(block_pid: int | None = None) -> None:

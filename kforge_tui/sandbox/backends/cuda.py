@@ -105,9 +105,13 @@ class CudaBackend:
         self._flush_buf.zero_()
 
     def start(self):
+        """The start marker, then a wait on it: a kernel launched with programmatic dependent
+        launch may begin before the kernel ahead of it in the stream has finished (issue 21), but
+        not across an event wait - so none of the candidate's work runs before the start marker."""
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
         a.record(self.stream)
+        self.stream.wait_event(a)
         return a, b
 
     def end(self, tok):
