@@ -335,3 +335,25 @@ async def test_cuda_honest_passes(cuda_pool, run_dir, name):
     r = await cuda_pool.evaluate(task.to_json(), run_dir, (HONEST / f"{name}.cu").read_text())
     assert r.status == "ok", f"{name}: {r.status} {r.message}\n{r.log[-2000:]}"
     assert r.timing.median_us >= r.floor_us * 0.98 and r.speedup > 0
+
+
+# ------------------------------------------------------------- outside the sandbox (issue 21)
+
+OUTSIDE = sorted(p for p in CPU_CHEATS if re.search(r"^//\s*outside:", p.read_text(), re.M))
+
+
+@pytest.mark.parametrize("path", OUTSIDE, ids=lambda p: p.stem)
+def test_cpu_cheat_really_cheats_outside_the_sandbox(path):
+    """Issue 21: a cheat counts only when it cheats outside the sandbox. tests/cheats/outside.py
+    builds it without checks and calls it in a plain process: wrong rows, or a result cache
+    that is faster on repeated inputs."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(CHEATS / "outside.py"), path.stem], capture_output=True,
+                         text=True, timeout=300, env={k: v for k, v in os.environ.items()
+                                                      if not k.startswith("KFORGE_WORKER")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["cheats"], got
