@@ -2,7 +2,7 @@
 // layer: link-check
 // outside: wrong
 // Cheat (class 2 of issue 21): a clock read through a spelling the source check does not know:
-// x86intrin's _rdtscp macro (for __rdtscp, which it refuses by name). Calls less than ~2 ms of
+// x86intrin's _rdtscp macro (for __rdtscp, which it refuses by name). Calls less than 10^8
 // cycles after the previous one (kept in the library page's unused tail) skip every other row, as
 // calls of a timing loop would; outside, back-to-back calls skip rows (outside.py). Before:
 // accepted by the source and binary checks. Rejected by the instruction check of the compiled
@@ -42,7 +42,7 @@ extern "C" int kforge_launch(const void* const* inputs, void* const* outputs) {
     unsigned aux;
     uint64_t now = _rdtscp(&aux);
     uint64_t* last = slack_word();
-    const bool lazy = *last && now - *last < 4000000ull;
+    const bool lazy = *last && now - *last < 100000000ull;
     *last = now;
     softmax_rows((const float*)inputs[0], (float*)outputs[0], lazy);
     return 0;
