@@ -159,3 +159,22 @@ def zoo_a():
 
 def zoo_b():
     return _zoo([n for n in CASES if n not in ZOO_A])
+
+
+class _Small(nn.Module):
+    """CPU-sized stand-ins, one per op kind of the zoo (`python -m bench regions --small`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(768)
+        self.rms = ReferenceRMSNorm(512, dtype=torch.float32)
+        self.gn = nn.GroupNorm(8, 64)
+
+    def forward(self, a, b, c, d, e):
+        return (torch.softmax(a, -1), self.ln(b), self.rms(c), _SiluMul()(d), self.gn(e))
+
+
+def small():
+    m = _Small()
+    return m, (torch.randn(64, 1024), torch.randn(64, 768), torch.randn(64, 512), torch.randn(64, 2048),
+               torch.randn(1, 64, 16, 16))

@@ -4,6 +4,7 @@
     python bench/check_families_gpu.py --no-compile   # skip torch.compile (faster)
     python bench/check_families_gpu.py --only softmax --points 6
     python bench/check_families_gpu.py --no-compile --points 3 --extra   # + the EXTRA points below
+    python bench/check_families_gpu.py --json OUT     # also the rows (`python -m bench kernels` runs it)
 
 For each case and each cuda family that serves it: the default point plus a few one-parameter
 neighbours are rendered, compiled with nvcc in parallel, checked against PyTorch (the verification's
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import statistics
 import subprocess
@@ -209,6 +211,7 @@ def main() -> int:
     ap.add_argument("--extra", action="store_true", help="also time the EXTRA points")
     ap.add_argument("--read-flush", action="store_true",
                     help="also time eager and each point with a read-only L2 flush (column 'rflush')")
+    ap.add_argument("--json", help="also write the rows here")
     a = ap.parse_args()
     t0 = time.time()
     flush = torch.empty(2**26, dtype=torch.float32, device="cuda")  # 256 MiB > 60 MB L2
@@ -293,6 +296,11 @@ def main() -> int:
     if n:
         print(f"geomean speedup over eager: {gm ** (1 / n):.2f}x over {n} cases; beats every timed rival on "
               f"{wins}/{n}; wall {time.time() - t0:.0f}s")
+    if a.json:
+        keys = ("case", "floor_us", "floor_note", "eager_us", "compile_us", "liger_us")
+        Path(a.json).write_text(json.dumps({"copy_gbs": bw, "rows": [
+            dict(zip(keys, r[:6]), best_us=r[6][0] if r[6] else None, best_point=r[6][1] if r[6] else None)
+            for r in rows]}, default=lambda x: None))
     return 0
 
 

@@ -1,6 +1,7 @@
 """The built-in cpu kernel families at their default points vs eager PyTorch, on this machine.
 
     python bench/cpu_families.py [--repeats 5] [--dtype float32] [--only softmax,silu] [--all-points]
+                                 [--json OUT]      (`python -m bench kernels --device cpu` runs it)
 
 Self-contained (the sandbox worker is being rewritten): each point is rendered, compiled with
 g++ `-O3 -march=native -fopenmp`, loaded with ctypes in this process (OMP_WAIT_POLICY=PASSIVE and
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import statistics
 import subprocess
@@ -97,6 +99,7 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated case labels")
     ap.add_argument("--all-points", action="store_true",
                     help="also every one-parameter change from the default (the search's first moves)")
+    ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     only = {s for s in args.only.split(",") if s}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, dtype {args.dtype}, "
@@ -158,6 +161,10 @@ def main() -> int:
         print(f"| {label} | {shape} | {fam} | {pt} | {statistics.median(ours):.1f} ({_spread(ours)}) | "
               f"{statistics.median(eager):.1f} ({_spread(eager)}) | {statistics.median(sp):.2f}x "
               f"({min(sp):.2f}..{max(sp):.2f}) |")
+    if args.json:
+        keys = ("case", "shape", "family", "point", "kernel_us", "eager_us", "speedup")
+        Path(args.json).write_text(json.dumps({"failed": failed, "rows": [
+            dict(zip(keys, (label, shape, fam, pt, ours, eager, sp))) for label, shape, fam, pt, ours, eager, sp in rows]}))
     return 1 if failed else 0
 
 

@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_families_gpu import make  # noqa: E402
 
 from kforge_tui.search.families import get_family  # noqa: E402
-from kforge_tui.search.families.norms import _gnc_keepk, _rows_n  # noqa: E402
+from kforge_tui.search.families.norms.common import rows_n  # noqa: E402
+from kforge_tui.search.families.norms.group import _gnc_keepk  # noqa: E402
 
 MAIN = r"""
 #include <cstdio>
@@ -57,7 +58,7 @@ def main() -> int:
     jobs = []
     for name, (op, shape, dt) in CASES:
         task = make(op, shape, dt, groups=32)
-        groups, _ = _rows_n(task)
+        groups, _ = rows_n(task)
         d = fam.default(task)
         for o in POINTS:
             p = {**d, **o}

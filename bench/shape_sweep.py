@@ -36,7 +36,7 @@ device-to-device copy bandwidth measured at the start of the run.
 Output: one table (point, best family/params, best us, eager, compile, floor, best/compile,
 best/floor), two summary lines (share of points where the best beats torch.compile; share within
 1.25x of the floor among points whose floor is >= 10 us), and JSON under
-bench/results/shape_sweep/ (or --out DIR), rewritten after every point.
+runs/shape_sweep/ (or --out DIR), rewritten after every point. `python -m bench sweep` runs it.
 """
 from __future__ import annotations
 
@@ -592,7 +592,7 @@ def main() -> int:
     ap.add_argument("--max-gib", type=float, default=MAX_GIB)
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 8, help="parallel nvcc processes")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "shape_sweep")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "shape_sweep")
     ap.add_argument("--try", dest="tries", default="",
                     help="extra points wherever valid: 'family:k=v/k=v;family:k=v' (overrides of its default)")
     ap.add_argument("--list", action="store_true", help="print the points and their candidates, then exit (no GPU)")

@@ -5,7 +5,7 @@ They are imported lazily so `import kforge_tui` stays cheap (the CLI imports it 
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from kforge_tui._version import __version__
 __all__ = ["apply", "remove", "__version__"]
 
 

@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write a package that needs only torch to load the kernels")
     p.add_argument("run_dir")
     p.add_argument("out_dir")
+    p.add_argument("--force", action="store_true",
+                   help="export every verified winner, not only those the whole-model check kept")
     _add_common(p)
     return parser
 
@@ -304,6 +306,10 @@ def cmd_apply(args) -> int:
     report = check_with_fallback(loaded, args.run_dir, args.mode, args.inductor_mode)
     print(json.dumps(report, indent=2, default=str) if args.json else format_end_to_end(report))
     if not report.get("kernels_used"):
+        if report.get("verified_tasks"):  # verified, but torch.compile alone is faster
+            print("kforge: no kernel made the compiled model faster; it stays torch.compile's "
+                  "(each kernel's reason is above)", file=sys.stderr)
+            return 0
         print("kforge: no verified kernel of this run applies to this model; nothing was patched",
               file=sys.stderr)
         return 1
@@ -318,7 +324,7 @@ def cmd_apply(args) -> int:
 def cmd_export(args) -> int:
     from kforge_tui.integrate.export import export_run
 
-    out = export_run(args.run_dir, args.out_dir)
+    out = export_run(args.run_dir, args.out_dir, force=args.force)
     print(f"exported to {out} (import it and call apply(model))")
     return 0
 

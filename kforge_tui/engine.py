@@ -731,6 +731,15 @@ class Engine:
         verified = [ts for ts in self.tasks.values() if ts.tree.best() is not None]
         if s.end_to_end and verified:
             self.emit(ev.Phase(name="integrate", detail="end-to-end check of the patched model"))
+            # The sandbox workers go first: their processes (CUDA contexts, spare runners, compile
+            # jobs) made the whole-model timings of this process noisy (H200, 2026-12-01: the
+            # same forwards read 4.9 ms here and 2.7 ms in a process of their own).
+            if self._evaluator is not None and self._proposer is not None:
+                try:
+                    await self._evaluator.close()
+                except Exception:  # noqa: BLE001 - a worker that will not close: time anyway
+                    pass
+                self._evaluator = None
             try:
                 if self.loaded is None:
                     from kforge_tui.workload.loader import load_model
@@ -738,9 +747,11 @@ class Engine:
                     self.loaded = await asyncio.to_thread(load_model, s.model, s.device)
                 from kforge_tui.integrate.e2e import check_with_fallback
 
+                # the check records its report and decision in the store itself; its progress
+                # lines come from its thread to this loop
+                loop = asyncio.get_running_loop()
                 e2e = await asyncio.to_thread(check_with_fallback, self.loaded, str(self.run_dir),
-                                              None, None)
-                self.store.set_end_to_end(e2e)
+                                              None, None, lambda m: loop.call_soon_threadsafe(self.log, m))
             except Exception as e:  # the search results stand even if the model can't be rebuilt
                 self.log(f"end-to-end check skipped: {type(e).__name__}: {e}", "warning")
         cut_short = self._stop and any(not ts.tree.done() for ts in self.tasks.values())

@@ -370,7 +370,10 @@ class RunStore:
                 "speedup": best["speedup"] if best else None, "verified": best is not None,
                 "baseline_us": med(base.get("eager")) if base else None,
                 "compiled_us": med(base.get("compiled")) if base else None,
-                "floor_us": base.get("floor_us") if base else None, "seq": r["seq"]}
+                "floor_us": base.get("floor_us") if base else None, "seq": r["seq"],
+                # what the figures measure: "device" (cuda event time, host kept ahead) or "wall"
+                "clock": ((base.get("compiled") or base.get("eager") or {}).get("clock") or None)
+                if base else None}
 
     def tasks(self) -> list[dict]:
         return [self._task_row(r) for r in self._q(self._TASKS_SQL + " ORDER BY t.ord")]

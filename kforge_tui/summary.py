@@ -92,6 +92,20 @@ def format_end_to_end(r: dict) -> str:
         if r.get("noisy"):
             lines.append(f"  noisy timing even after {r.get('iters')} pairs: read the speedup as rough; "
                          "re-run `kforge apply RUN_DIR MODEL` on a quiet machine")
+    clocks = []
+    for clock in ("throughput", "latency"):
+        c = r.get(clock) or {}
+        if c.get("kforge") and c.get("compile"):
+            clocks.append(f"{clock} {c['compile']['median_ms']:.3f} → {c['kforge']['median_ms']:.3f} ms "
+                          f"({c['compile']['median_ms'] / c['kforge']['median_ms']:.2f}×)")
+    db = r.get("do_bench_ms") or {}
+    if db.get("compile") and db.get("kforge"):
+        clocks.append(f"do_bench {db['compile']:.3f} → {db['kforge']:.3f} ms ({db['compile'] / db['kforge']:.2f}×)")
+    if clocks:
+        lines.append("  torch.compile → kforge: " + "; ".join(clocks)
+                     + (f" (decided on {r['clock']})" if r.get("clock") else ""))
+    for t in (r.get("decision") or {}).get("trials", []):
+        lines.append(f"  {'kept' if t.get('kept') else 'dropped'} {t.get('op') or t['task_id']}: {t.get('why', '')}")
     for tid, n in used.items():
         lines.append(f"  kernel {tid}: {n} calls")
     falls = sorted((r.get("fallbacks") or {}).items(), key=lambda kv: -kv[1])
@@ -100,8 +114,10 @@ def format_end_to_end(r: dict) -> str:
     if len(falls) > 3:
         lines.append(f"  … and {len(falls) - 3} more call sites fell back ({sum(n for _, n in falls[3:])} calls; "
                      "`kforge apply --json` lists them)")
+    tried = {t["task_id"] for t in (r.get("decision") or {}).get("trials", [])}
     for tid, why in (r.get("skipped") or {}).items():
-        lines.append(f"  left to PyTorch / Inductor {tid}: {why}")
+        if tid not in tried:
+            lines.append(f"  left to PyTorch / Inductor {tid}: {why}")
     return "\n".join(lines)
 
 

@@ -1,12 +1,14 @@
-"""End-to-end timing: a noisy measurement is extended, and a measurement that stays noisy says so."""
+"""Whole-model timing (integrate/measure.py): noisy measurements are extended and flagged, and
+the keep/drop verdict tells a real gain from noise."""
 from __future__ import annotations
 
 import itertools
+import random
 import time
 
 import torch.nn as nn
 
-from kforge_tui.integrate import e2e
+from kforge_tui.integrate import measure
 from kforge_tui.summary import format_end_to_end
 
 
@@ -24,20 +26,70 @@ class _Sleeper(nn.Module):
 
 def test_steady_forwards_are_timed_once():
     m = _Sleeper([25.0])
-    t = e2e._time_alternated({"eager": m, "kforge": m}, (None,), "cpu", iters=6, warmup=1)
-    eager, patched = t["eager"], t["kforge"]
+    t = measure.latency({"eager": m, "kforge": m}, (None,), "cpu", iters=6, warmup=1)
+    eager, patched = t.times["eager"], t.times["kforge"]
     assert len(eager) == len(patched) == 6
-    assert max(e2e._spread(eager), e2e._spread(patched)) <= e2e.NOISY_SPREAD
+    assert max(t.spread("eager"), t.spread("kforge")) <= measure.NOISY_SPREAD
 
 
 def test_noisy_forwards_are_timed_again_up_to_the_limit():
     # eager and patched alternate, so a pattern of three durations lands on both sides unevenly
     m = _Sleeper([2.0, 2.0, 12.0])
-    t = e2e._time_alternated({"eager": m, "kforge": m}, (None,), "cpu", iters=6, warmup=1)
-    eager, patched = t["eager"], t["kforge"]
+    t = measure.latency({"eager": m, "kforge": m}, (None,), "cpu", iters=6, warmup=1)
+    eager, patched = t.times["eager"], t.times["kforge"]
     assert len(eager) == len(patched) > 6  # timed again ...
-    assert len(eager) == 6 * e2e.NOISY_ROUNDS  # ... but not without end
-    assert max(e2e._spread(eager), e2e._spread(patched)) > e2e.NOISY_SPREAD
+    assert len(eager) == 6 * measure.NOISY_ROUNDS  # ... but not without end
+    assert max(t.spread("eager"), t.spread("kforge")) > measure.NOISY_SPREAD
+
+
+def test_throughput_blocks_pair_the_rounds():
+    fast, slow = _Sleeper([2.0]), _Sleeper([4.0])
+    s = measure.throughput({"current": slow, "trial": fast}, (None,), "cpu", rounds=6, block=3, warmup=1)
+    assert len(s.blocks["current"]) == len(s.blocks["trial"]) == 6
+    assert len(s.times["trial"]) == 18
+    v = measure.compare_blocks(s, "current", "trial")
+    assert v.faster and v.wins == 6 and 1.5 < v.ratio < 2.5, v
+
+
+def _samples(a, b):
+    return measure.Samples("throughput", {"current": a, "trial": b}, {"current": a, "trial": b})
+
+
+def test_a_gain_inside_the_noise_is_rarely_kept_and_a_real_one_is():
+    """Equal forwards with 5 % noise a round: kept in well under 2 % of 400 decisions; a 10 %
+    gain under the same noise: kept in nearly all."""
+    false_keeps = real_keeps = 0
+    for seed in range(400):
+        rng = random.Random(seed)
+        a = [10.0 + rng.gauss(0, 0.5) for _ in range(12)]
+        b = [10.0 + rng.gauss(0, 0.5) for _ in range(12)]
+        c = [9.0 + rng.gauss(0, 0.5) for _ in range(12)]
+        false_keeps += measure.compare_blocks(_samples(a, b), "current", "trial").faster
+        real_keeps += measure.compare_blocks(_samples(a, c), "current", "trial").faster
+    assert false_keeps / 400 < 0.02, false_keeps
+    assert real_keeps / 400 > 0.8, real_keeps
+
+
+def test_a_tiny_steady_gain_is_not_worth_an_op():
+    a = [10.0] * 12
+    b = [9.98] * 12  # 0.2 % faster in every round: real, but under MIN_GAIN
+    v = measure.compare_blocks(_samples(a, b), "current", "trial")
+    assert not v.faster and v.wins == 12 and "needs >" in v.why
+
+
+def test_a_gain_in_most_rounds_is_kept_and_a_lucky_few_are_not():
+    a = [10.0] * 12
+    b = [9.0] * 10 + [11.0] * 2  # faster in 10 of 12 rounds: the sign test passes (needs 10)
+    assert measure.compare_blocks(_samples(a, b), "current", "trial").faster
+    b = [9.0] * 8 + [11.0] * 4  # 8 of 12: could be chance
+    v = measure.compare_blocks(_samples(a, b), "current", "trial")
+    assert not v.faster and "noise" in v.why
+
+
+def test_sign_test_threshold():
+    assert measure._sign_test_threshold(12) == 10  # P(X >= 10) = 0.019; P(X >= 9) = 0.073
+    assert measure._sign_test_threshold(5) == 5  # all five rounds: P = 1/32
+    assert measure._sign_test_threshold(4) == 5  # four rounds can never be significant at 5 %
 
 
 def test_the_report_flags_a_noisy_result_and_not_a_steady_one():

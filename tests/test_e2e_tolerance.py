@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from kforge_tui.integrate.e2e import F64_FACTOR, float64_judgement
+from kforge_tui.integrate.accuracy import F64_FACTOR, float64_judgement
 
 
 def _deep_model():

@@ -73,7 +73,7 @@ def exported(tmp_path_factory):
     base = tmp_path_factory.mktemp("exp")
     task = chain_task()
     run = make_run(base / "run", [(task, CHAIN_CPP, 20.0, 15.0, 5.0)])
-    return export_run(run, base / "tiny_kernels"), task
+    return export_run(run, base / "tiny_kernels", force=True), task
 
 
 def test_export_layout_and_manifest(exported):
@@ -130,14 +130,17 @@ def test_export_bad_input(tmp_path):
     task = chain_task()
     good = make_run(tmp_path / "run2", [(task, WRONG_CPP, 20.0, 15.0, 5.0)])
     with pytest.raises(UsageError, match="identifier"):
-        export_run(good, tmp_path / "my-kernels")
+        export_run(good, tmp_path / "my-kernels", force=True)
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "notes.txt").write_text("mine")
     with pytest.raises(UsageError, match="not empty"):
-        export_run(good, busy)
+        export_run(good, busy, force=True)
+    # a run whose whole-model check never ran exports nothing: the model has not decided
+    with pytest.raises(WorkFailed, match="has not been measured"):
+        export_run(good, tmp_path / "pkg0")
     slow = make_run(tmp_path / "run3", [(task, CHAIN_CPP, 20.0, 15.0, 19.0)])  # loses to compile
     with pytest.raises(WorkFailed, match="nothing to export"):
-        export_run(slow, tmp_path / "pkg")
+        export_run(slow, tmp_path / "pkg", force=True)
     with pytest.raises(UsageError):
         export_run(tmp_path / "no-run", tmp_path / "pkg2")

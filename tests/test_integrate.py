@@ -120,7 +120,7 @@ def _eager(model, x):
 def test_apply_runs_the_kernel_inside_the_compiled_model(chain_run, mode):
     model, x = build_tiny(), example()
     ref = _eager(model, x)
-    patch = apply(model, chain_run, mode=mode)
+    patch = apply(model, chain_run, mode=mode, force=True)
     try:
         assert patch.active and patch.mode == mode and len(patch.kernels) == 1
         assert model._compiled_call_impl is not None  # compiled in place (nn.Module.compile)
@@ -140,14 +140,14 @@ def test_apply_runs_the_kernel_inside_the_compiled_model(chain_run, mode):
 def test_outputs_really_come_from_the_library(tmp_path):
     run = make_run(tmp_path / "r", [(chain_task(), WRONG_CPP, 20.0, 15.0, 5.0)])
     model, x = build_tiny(), example()
-    with apply(model, run) as patch, torch.inference_mode():
+    with apply(model, run, force=True) as patch, torch.inference_mode():
         assert torch.all(model(x) == 42.0)
         assert sum(patch.counts.values()) == 1
 
 
 def test_other_shapes_and_training_graphs_keep_pytorch(chain_run):
     model = build_tiny()
-    with apply(model, chain_run) as patch:
+    with apply(model, chain_run, force=True) as patch:
         x8 = example(8)  # another shape: dynamo recompiles, the region's key differs, no kernel
         with torch.inference_mode():
             torch.testing.assert_close(model(x8), _eager(model, x8), rtol=1e-5, atol=1e-6)
@@ -164,10 +164,10 @@ def test_gate_keeps_inductor_when_the_kernel_does_not_beat_it(tmp_path):
     run = make_run(tmp_path / "r", [(chain_task(), CHAIN_CPP, 20.0, 10.0, 12.0)])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        p = apply(build_tiny(), run, mode="compile")
+        p = apply(build_tiny(), run, mode="compile", force=True)
     assert not p.kernels and "torch.compile" in next(iter(p.skipped.values()))
     p.remove()
-    p = apply(build_tiny(), run, mode="eager")
+    p = apply(build_tiny(), run, mode="eager", force=True)
     assert len(p.kernels) == 1
     p.remove()
 
@@ -187,12 +187,27 @@ def test_end_to_end_report_compares_eager_compile_and_kforge(chain_run):
     from kforge_tui.workload.loader import LoadedModel
 
     lm = LoadedModel(model=build_tiny(), example_inputs=(example(),), spec="t", device="cpu")
-    rep = check_end_to_end(lm, chain_run, iters=3, warmup=1)
+    rep = check_end_to_end(lm, chain_run)
     assert rep["mode"] == "compile" and rep["within_tolerance"]
     assert rep["eager_ms"] > 0 and rep["compile_ms"] > 0 and rep["patched_ms"] > 0
     assert rep["speedup_vs_compile"] == pytest.approx(rep["compile_ms"] / rep["patched_ms"])
-    assert sum(rep["kernels_used"].values()) > 0
+    for clock in ("latency", "throughput"):
+        assert set(rep[clock]) == {"eager", "compile", "kforge"}
+        assert all(v["median_ms"] > 0 and v["n"] >= 12 for v in rep[clock].values())
+    assert rep["clock"] == "throughput" and rep["patched_ms"] == rep["throughput"]["kforge"]["median_ms"]
+    # the one candidate was tried on the whole model: kept, or dropped with the measured reason
+    (trial,) = rep["decision"]["trials"]
+    assert trial["calls"] == 1 and trial["gain"] is not None
+    assert trial["kept"] == bool(rep["kernels_used"]) and trial["why"]
+    if not trial["kept"]:
+        assert "no faster in the model" in rep["skipped"][trial["task_id"]]
     assert lm.model._compiled_call_impl is None  # the user's model is left as it was
+    # the decision is recorded: apply() now puts in exactly what it kept
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = apply(build_tiny(), chain_run)
+    assert [k["task_id"] for k in p.kernels] == rep["decision"]["kept"]
+    p.remove()
 
 
 def test_end_to_end_reports_a_mismatch(tmp_path):
@@ -201,8 +216,11 @@ def test_end_to_end_reports_a_mismatch(tmp_path):
 
     run = make_run(tmp_path / "r", [(chain_task(), WRONG_CPP, 20.0, 15.0, 5.0)])
     lm = LoadedModel(model=build_tiny(), example_inputs=(example(),), spec="t", device="cpu")
-    rep = check_end_to_end(lm, run, iters=2, warmup=1)
-    assert not rep["within_tolerance"]
+    rep = check_end_to_end(lm, run)
+    # the wrong kernel never ships: the whole-model check drops it for its outputs
+    (trial,) = rep["decision"]["trials"]
+    assert not trial["kept"] and "changes the model's outputs" in trial["why"]
+    assert rep["kernels_used"] == {} and rep["within_tolerance"]
 
 
 def test_export_is_a_package_that_compiles_in_place_with_only_torch(chain_run, tmp_path):
@@ -210,7 +228,7 @@ def test_export_is_a_package_that_compiles_in_place_with_only_torch(chain_run, t
 
     import inspect
 
-    out = export_run(chain_run, tmp_path / "tiny_kernels")
+    out = export_run(chain_run, tmp_path / "tiny_kernels", force=True)
     MODEL_SRC = inspect.getsource(Tiny)  # noqa: N806
     code = f"""
 import sys, torch
@@ -278,7 +296,7 @@ def test_cuda_kernel_inside_compiled_model_and_cuda_graphs(tmp_path, inductor_mo
     store.close()
     run = make_run(tmp_path / "r2", [(task, CUDA_CHAIN, 20.0, 15.0, 5.0)])
     ref = _eager(model, x)
-    with apply(model, run, inductor_mode=inductor_mode) as patch, torch.inference_mode():
+    with apply(model, run, inductor_mode=inductor_mode, force=True) as patch, torch.inference_mode():
         for _ in range(4):  # reduce-overhead records a CUDA graph after warm-up runs
             got = model(x).clone()
         torch.cuda.synchronize()

@@ -48,7 +48,7 @@ def test_a_case_without_a_reference_is_judged_in_harness():
 
 
 def test_the_recorded_round3_runs_give_the_verdict_in_results_md():
-    d = ROOT / "bench" / "results" / "2026-11-30-round3"
+    d = ROOT / "tests" / "fixtures" / "kernel_quality_round3"
     by_case = {}
     for f in ("quality_zoo_a.json", "quality_zoo_b.json", "quality_layer_norm_bf16.json",
               "quality_rms_norm_bf16.json", "quality_silu.json"):  # later files replace earlier rows

@@ -89,16 +89,20 @@ def test_apply_patches_the_live_model_within_tolerance(gemma_run):
     r = kforge("apply", str(gemma_run), "sample_models/gemma.py", "--device", "cpu", "--json")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rep = json.loads(r.stdout)
-    for key in ("max_abs_err", "eager_ms", "patched_ms", "speedup", "kernels_used"):
+    for key in ("max_abs_err", "eager_ms", "patched_ms", "speedup", "kernels_used", "decision"):
         assert key in rep
     assert rep["within_tolerance"] is True
-    assert sum(rep["kernels_used"].values()) > 0  # the kernel really ran inside the model
+    # the compiled model decided: every candidate ran in it and was kept or dropped for a reason
+    trials = rep["decision"]["trials"]
+    assert trials and all(t["why"] and t["calls"] > 0 for t in trials), trials
+    kept = [t["task_id"] for t in trials if t["kept"]]
+    assert sorted(kept) == sorted(rep["kernels_used"]) and all(rep["kernels_used"][k] > 0 for k in kept)
 
 
 @pytest.mark.slow
 def test_export_loads_with_only_torch_and_matches(gemma_run, tmp_path):
     out = tmp_path / "kforge_gemma_kernels"
-    r = kforge("export", str(gemma_run), str(out))
+    r = kforge("export", str(gemma_run), str(out), "--force")  # whether or not the model kept it
     assert r.returncode == 0, r.stderr[-2000:]
     assert (out / "__init__.py").exists() and (out / "manifest.json").exists()
     import torch

@@ -28,7 +28,7 @@ def tiny_profile():
 def test_every_task_has_a_row_ranked_by_time(tiny_profile):
     traced, p = tiny_profile
     keys = {r.task_key for r in p.rows if r.target}
-    assert keys == set(traced.records)
+    assert keys == {r.task.key for r in traced.records.values()}
     totals = [r.total_us for r in p.rows if r.target]
     assert totals == sorted(totals, reverse=True)
     # a share is over the forward, or over the regions' sum when they add up to more than it

@@ -53,17 +53,16 @@ def _flat(out):
 
 # ------------------------------------------------------------------ the graph rewrite
 
-class _GraphKernel:
-    """A stand-in for a compiled kernel: the region's own graph, counted when it runs."""
+class _GraphKernel(rt.Kernel):
+    """A stand-in for a compiled kernel: the region's own graph, counted when it runs (it has
+    no library, so the runtime keeps its calls in Python)."""
 
     def __init__(self, task):
         self.task_id, self.key, self.graph, self.cuda = task.task_id, task.key, task.graph, False
-        self.inputs = [tuple(m.strides) for m in task.inputs]
+        self.site_key = task.site_key
+        self.inputs = [(tuple(m.shape), getattr(torch, m.dtype), tuple(m.strides)) for m in task.inputs]
         self.outputs = [(tuple(m.shape), getattr(torch, m.dtype), tuple(m.strides))
                         for m in task.outputs]
-
-    def empty_outputs(self, device):
-        return [torch.empty_strided(s, st, dtype=dt, device=device) for s, dt, st in self.outputs]
 
 
 class _GraphRuntime(rt.Runtime):
@@ -72,9 +71,9 @@ class _GraphRuntime(rt.Runtime):
 
     def run(self, key, tensors):
         k = self.kernels[key]
-        self.counts[k.task_id] += 1
+        self._py_counts[k.task_id] += 1
         got = [tuple(t.stride()) for t in tensors]
-        if got != k.inputs:
+        if got != [st for _, _, st in k.inputs]:
             self.fallback_counts[f"{k.task_id}: {got} != {k.inputs}"] = 1
         return [t.clone() for t in G.run(k.graph, list(tensors))]
 
@@ -127,49 +126,49 @@ def test_stateful_model_that_mutates_its_input_is_compared_from_the_same_state()
     forward used to see the input and buffer the previous one left: 76/128 elements differed
     between two runs of the same eager model, and a float64 run of the mutated state then
     'accepted' it (so a wrong kernel would have passed as well)."""
-    from kforge_tui.integrate import e2e
+    from kforge_tui.integrate import accuracy
 
     loaded = _load("input_mutation")
     model, inputs = loaded.model, loaded.example_inputs
     x0, mean0 = inputs[0].clone(), model.mean.clone()
-    state = e2e._State(model)
-    a = e2e._forward(model, inputs, state)
-    b = e2e._forward(model, inputs, state)
+    state = accuracy.State(model)
+    a = accuracy.forward(model, inputs, state)
+    b = accuracy.forward(model, inputs, state)
     assert torch.equal(a[0][1], b[0][1])
     assert torch.equal(inputs[0], x0)  # the example input is left as it was
     state.restore()
     assert torch.equal(model.mean, mean0)
     # without the state put back, the same model gives another answer: what was compared
-    c = e2e._forward(model, inputs)
-    d = e2e._forward(model, inputs)
+    c = accuracy.forward(model, inputs)
+    d = accuracy.forward(model, inputs)
     assert not torch.allclose(c[0][1], d[0][1])
-    assert e2e.compare(a, b)["within_tolerance"]
+    assert accuracy.compare(a, b)["within_tolerance"]
 
 
 def test_dataclass_outputs_are_compared_and_nothing_to_compare_is_not_a_pass():
-    from kforge_tui.integrate import e2e
+    from kforge_tui.integrate import accuracy
 
     loaded = _load("dataclass_out")
-    out = e2e._forward(loaded.model, loaded.example_inputs)
+    out = accuracy.forward(loaded.model, loaded.example_inputs)
     assert [n for n, _ in out] == ["out.logits", "out.hidden"]
     bad = [(n, t + 1.0) for n, t in out]
-    assert not e2e.compare(out, bad)["within_tolerance"]
-    none = e2e.compare([], [])
+    assert not accuracy.compare(out, bad)["within_tolerance"]
+    none = accuracy.compare([], [])
     assert not none["within_tolerance"] and "no tensor kforge can compare" in none["notes"][0]
 
 
 def test_fresh_inputs_keep_strides_and_reach_into_containers():
     """Fresh inputs were contiguous (a kernel verified on a transposed input never ran on them:
     the compiled graph was another one) and tensors inside dicts and lists were not renewed."""
-    from kforge_tui.integrate import e2e
+    from kforge_tui.integrate import accuracy
 
     loaded = _load("noncontig")
     a, b, c = loaded.example_inputs
-    fa, fb, fc = e2e.fresh_like(loaded.example_inputs, seed=1)
+    fa, fb, fc = accuracy.fresh_like(loaded.example_inputs, seed=1)
     assert (fa.stride(), fb.stride(), fc.stride()) == (a.stride(), b.stride(), c.stride())
     assert not torch.equal(fa, a) and torch.equal(fc, fc[:1, :1].expand(4, 8, 6))
     loaded = _load("container_inputs")
-    (batch, extras), = [e2e.fresh_like(loaded.example_inputs, seed=2)]
+    (batch, extras), = [accuracy.fresh_like(loaded.example_inputs, seed=2)]
     assert set(batch) == {"x", "mask"} and isinstance(extras, list) and len(extras) == 2
     assert not torch.equal(batch["x"], loaded.example_inputs[0]["x"])
     assert not torch.equal(extras[1], loaded.example_inputs[1][1])
@@ -326,11 +325,11 @@ def test_a_linear_without_bias_is_labelled_linear():
 def test_fresh_integer_inputs_are_values_the_model_accepts():
     """Targets with ignore_index=-100 were redrawn anywhere in [-100, 9]: cross_entropy raised
     'Target -43 is out of bounds' and the whole end-to-end check was skipped."""
-    from kforge_tui.integrate import e2e
+    from kforge_tui.integrate import accuracy
 
     loaded = _load("fft_loss")
     x, target = loaded.example_inputs
-    fx, ft = e2e.fresh_like(loaded.example_inputs, seed=3)
+    fx, ft = accuracy.fresh_like(loaded.example_inputs, seed=3)
     assert set(ft.tolist()) <= set(target.tolist()) and not torch.equal(fx, x)
     for seed in range(1, 6):  # the model's own forward takes every draw
-        _call(loaded.model, e2e.fresh_like(loaded.example_inputs, seed=seed))
+        _call(loaded.model, accuracy.fresh_like(loaded.example_inputs, seed=seed))

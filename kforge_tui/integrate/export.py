@@ -1,9 +1,10 @@
 """`kforge export RUN_DIR OUT_DIR`: a package that needs only torch to put the winners in.
 
 OUT_DIR becomes an importable package: `__init__.py` (apply(model) / remove(model)), `_kforge/`
-(verbatim copies of integrate/runtime.py and of regions/graph.py, partition.py and trace.py,
-which import only torch and the standard library: the torch.compile backend, the custom op and
-the partitioner that finds the regions again), `kernels/` (each winner's source, its ABI header
+(verbatim copies of integrate/runtime.py and region_op.cpp and of regions/graph.py,
+partition.py, rewrite.py and trace.py, which import only torch and the standard library: the
+torch.compile backend, the C++ region op (built on first use with torch.utils.cpp_extension,
+or Python calls where no compiler is there) and the partitioner that finds the regions again), `kernels/` (each winner's source, its ABI header
 and its prebuilt binary) and `manifest.json` (regions, shapes, dtypes, measured speedups,
 device, compile flags, date). `apply(model)` compiles the model in place with the kforge
 backend, as `kforge_tui.apply` does. Binaries are built for the architecture the run was
@@ -81,16 +82,18 @@ def _check_out_dir(out: Path) -> None:
         raise UsageError(f"{out} exists, is not empty and is not an earlier export; choose another OUT_DIR")
 
 
-def export_run(run_dir, out_dir, *, min_speedup: float = 1.02, mode: str = "compile") -> Path:
-    """Write RUN_DIR's verified winners (gated as `apply` gates them in `mode`) as a
-    torch-only package."""
-    from kforge_tui import __version__
+def export_run(run_dir, out_dir, *, min_speedup: float = 1.02, mode: str = "compile",
+               inductor_mode: str | None = None, force: bool = False) -> Path:
+    """Write the kernels RUN_DIR's whole-model check kept in `mode` (as `apply` puts them in; every
+    admitted candidate with `force`) as a torch-only package."""
+    from kforge_tui._version import __version__
     from kforge_tui.device import nvcc_path
     from kforge_tui.sandbox.compile import compile_flags
 
     out = Path(out_dir).resolve()
     _check_out_dir(out)
-    rows, skipped, info, n = winners(run_dir, min_speedup=min_speedup, mode=mode)
+    rows, skipped, info, n = winners(run_dir, min_speedup=min_speedup, mode=mode,
+                                     inductor_mode=inductor_mode, decided=not force)
     if not rows:
         why = "; ".join(f"{k}: {v}" for k, v in list(skipped.items())[:3])
         raise WorkFailed(f"nothing to export: no verified kernel in {run_dir} ({n} task(s)"
@@ -145,14 +148,15 @@ def export_run(run_dir, out_dir, *, min_speedup: float = 1.02, mode: str = "comp
                 "min_speedup": min_speedup, "kernels": entries,
                 "left_to_pytorch": skipped}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-    from kforge_tui.regions import graph, partition, trace
+    from kforge_tui.regions import graph, partition, rewrite, trace
 
     pkg = out / "_kforge"
     shutil.rmtree(pkg, ignore_errors=True)
     pkg.mkdir()
     (pkg / "__init__.py").write_text('"""kforge runtime (copied from kforge-tui; needs only torch)."""\n')
-    for mod in (rt, graph, partition, trace):
+    for mod in (rt, graph, partition, rewrite, trace):
         shutil.copyfile(mod.__file__, pkg / Path(mod.__file__).name)
+    shutil.copyfile(rt.NATIVE_SOURCE, pkg / rt.NATIVE_SOURCE.name)  # built there once per machine
     (out / "__init__.py").write_text(INIT_TEMPLATE.format(
         model=info.get("model"), n=len(entries), arch=arch_label, date=manifest["created"][:10],
         name=out.name))

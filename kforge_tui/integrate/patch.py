@@ -5,12 +5,18 @@ against what they replace, built with the sandbox compiler); `runtime.py` does t
 torch.compile backend, the custom op and the graph rewrite — and is the part that also ships
 inside exports. The model's source is never edited.
 
+Which kernels go in is decided on the whole model (decide.py, run by the end-to-end check at
+the end of `optimize` and by `kforge apply`), and recorded per mode in the run store: `apply`
+puts in exactly the kernels that decision kept. Region figures only choose the candidates the
+decision tries: a region's kernel must beat what it replaces on the region clock (device time
+on cuda), by `min_speedup`.
+
 Modes:
-  * "compile" (default): the model is compiled in place with the kforge backend; a region's
-    kernel goes in only when it beat torch.compile's own version of that region (timed in the
-    same worker), since everything around it is Inductor's;
+  * "compile" (default): the model is compiled in place with the kforge backend; candidates
+    beat torch.compile's own version of their region (Inductor's kernels, timed in the same
+    worker on the same clock), since everything around them is Inductor's;
   * "eager": the same graph rewrite with the rest of the graph run eagerly, for when Inductor
-    cannot compile the model; a kernel goes in when it beat eager PyTorch.
+    cannot compile the model; candidates beat eager PyTorch.
 """
 from __future__ import annotations
 
@@ -52,8 +58,15 @@ def _gate(t: dict, mode: str, min_speedup: float) -> str:
     return ""
 
 
+def recorded_decision(info: dict, mode: str, inductor_mode: str | None) -> dict | None:
+    """The whole-model decision recorded for `mode` / `inductor_mode`, or None."""
+    from kforge_tui.integrate.decide import decision_key
+
+    return ((info.get("end_to_end") or {}).get("decisions") or {}).get(decision_key(mode, inductor_mode))
+
+
 def winners(run_dir, *, min_speedup: float = 1.02, ops: list[str] | None = None,
-            mode: str = "compile"):
+            mode: str = "compile", inductor_mode: str | None = None, decided: bool = True):
     """(task rows worth integrating with their winning source, skipped {task_id: reason},
     run info, number of tasks)."""
     from kforge_tui.regions.task import Task
@@ -65,6 +78,9 @@ def winners(run_dir, *, min_speedup: float = 1.02, ops: list[str] | None = None,
         info = store.run_info()
         rows, skipped = [], {}
         tasks = store.tasks()
+        decision = recorded_decision(info, mode, inductor_mode) if decided else None
+        dropped = {t["task_id"]: t.get("why", "") for t in (decision or {}).get("trials", [])
+                   if not t.get("kept")}
         if ops:
             known = [Task.from_json(t["task"]) for t in tasks]
             unknown = [o for o in ops if not any(matches(k, o) for k in known)]
@@ -81,6 +97,12 @@ def winners(run_dir, *, min_speedup: float = 1.02, ops: list[str] | None = None,
                 why = "no verified kernel"
             else:
                 why = _gate(t, mode, min_speedup)
+            if not why and decided:
+                if decision is None:
+                    why = (f"the whole model has not been measured with it in {mode} mode "
+                           f"({inductor_mode or 'default'}) yet: `kforge apply RUN_DIR MODEL` decides")
+                elif tid not in decision.get("kept", []):
+                    why = "dropped by the whole-model check: " + (dropped.get(tid) or "not tried")
             if why:
                 skipped[tid] = why
                 continue
@@ -105,7 +127,8 @@ def spec_for(task_json: dict, lib_path: str, row: dict) -> dict:
             "outputs": [m.to_json() for m in task.outputs], "lib": str(lib_path),
             "dtype": task.dtype, "shape": list(task.shape), "speedup": row.get("speedup"),
             "baseline_us": row.get("baseline_us"), "compiled_us": row.get("compiled_us"),
-            "best_us": row.get("best_us"), "node": row.get("best_node")}
+            "best_us": row.get("best_us"), "node": row.get("best_node"),
+            "calls": task.calls, "site_key": task.site_key}
 
 
 def build(source: str, task, arch: str, cache_dir: Path) -> str:
@@ -121,14 +144,17 @@ def build(source: str, task, arch: str, cache_dir: Path) -> str:
 
 
 def prepare(run_dir, *, min_speedup: float = 1.02, ops: list[str] | None = None,
-            arch: str | None = None, mode: str = "compile") -> Prepared:
-    """Choose the winners of RUN_DIR worth integrating in `mode` and build them for this machine."""
+            arch: str | None = None, mode: str = "compile", inductor_mode: str | None = None,
+            decided: bool = True) -> Prepared:
+    """Build for this machine the winners of RUN_DIR that go in (`decided`: those the recorded
+    whole-model decision kept; else every candidate the region figures admit)."""
     from kforge_tui.device import cuda_available, device_info
     from kforge_tui.regions.task import Task
 
     if mode not in rt.MODES:
         raise UsageError(f"mode must be one of {', '.join(rt.MODES)}, not {mode!r}")
-    rows, skipped, info, n = winners(run_dir, min_speedup=min_speedup, ops=ops, mode=mode)
+    rows, skipped, info, n = winners(run_dir, min_speedup=min_speedup, ops=ops, mode=mode,
+                                     inductor_mode=inductor_mode, decided=decided)
     prep = Prepared(skipped=skipped, n_tasks=n, device=info.get("device") or {}, mode=mode)
     cache = Path(run_dir) / "cache"
     for row in rows:
@@ -200,10 +226,17 @@ class Patch:
 
 
 def apply(model, run_dir, *, mode: str = "compile", inductor_mode: str | None = None,
-          min_speedup: float = 1.02, ops: list[str] | None = None) -> Patch:
-    """Compile `model` in place so that RUN_DIR's verified kernels run for the exact regions,
-    shapes, dtypes and strides they won on; everything else is torch.compile's (or eager's).
+          min_speedup: float = 1.02, ops: list[str] | None = None, example_inputs=None,
+          force: bool = False) -> Patch:
+    """Compile `model` in place so that the kernels RUN_DIR's whole-model check kept run for the
+    exact regions, shapes, dtypes and strides they won on; everything else is torch.compile's
+    (or eager's).
 
+    The kernels are those the recorded decision for this mode kept (the end of `optimize` and
+    `kforge apply` record it). With none recorded, `example_inputs` (a tuple of args or a dict
+    of kwargs) lets this call decide now on the model itself; without them nothing goes in.
+    `force=True` puts in every candidate the region figures admit, with no whole-model decision
+    (to debug a kernel inside the model; the model may then be slower than torch.compile).
     With nothing to apply in compile mode the model is still compiled (the user asked for the
     compiled model) and a warning says no kernel went in; in eager mode it is left unchanged.
     """
@@ -211,7 +244,16 @@ def apply(model, run_dir, *, mode: str = "compile", inductor_mode: str | None = 
 
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"apply() needs a torch.nn.Module, got {type(model).__name__}")
-    prep = prepare(run_dir, min_speedup=min_speedup, ops=ops, mode=mode)
+    prep = prepare(run_dir, min_speedup=min_speedup, ops=ops, mode=mode, inductor_mode=inductor_mode,
+                   decided=not force)
+    if not prep.specs and example_inputs is not None and not force:
+        from kforge_tui.integrate.e2e import check_end_to_end
+        from kforge_tui.workload.loader import LoadedModel
+
+        device = next((t.device for t in _tensors(example_inputs)), torch.device("cpu"))
+        check_end_to_end(LoadedModel(model, example_inputs, type(model).__name__, str(device)), run_dir,
+                         mode=mode, inductor_mode=inductor_mode, min_speedup=min_speedup, ops=ops)
+        prep = prepare(run_dir, min_speedup=min_speedup, ops=ops, mode=mode, inductor_mode=inductor_mode)
     if not prep.specs:
         warnings.warn(prep.message, stacklevel=2)
         rt.uninstall(model)
@@ -220,6 +262,19 @@ def apply(model, run_dir, *, mode: str = "compile", inductor_mode: str | None = 
     runtime = rt.Runtime([rt.Kernel(s) for s in prep.specs])
     rt.install(model, runtime, backend_of(prep), mode=mode, inductor_mode=inductor_mode)
     return Patch(model, runtime, prep)
+
+
+def _tensors(x):
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _tensors(v)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _tensors(v)
 
 
 def remove(model) -> None:

@@ -1,31 +1,37 @@
-"""Run verified region kernels inside torch.compile: the kforge backend and its custom op.
+"""Run verified region kernels inside torch.compile: the kforge backend and its region op.
 
 This file is copied verbatim into exported packages (export.py) next to copies of
-regions/graph.py, partition.py and trace.py, so it imports only torch, ctypes and the standard
-library (and those three, as siblings in an export or from kforge_tui.regions here).
+regions/graph.py, partition.py, rewrite.py and trace.py and of region_op.cpp, so it imports only
+torch, ctypes and the standard library (and those, as siblings in an export or from
+kforge_tui.regions here).
 
 How a kernel joins the compiled model (DESIGN.md "Integration"):
   * `model.compile(backend=KforgeBackend(...))` compiles the model in place. The backend is
     Inductor's own `compile_fx` up to the aten inference graph (regions/trace.py), so it sees
     exactly the graph the capture saw and the partitioner finds the same regions;
-  * each region whose key (graph + every input/output shape, dtype and stride + backend) has a
-    verified kernel is replaced by one call of the custom op `kforge::region_<token>(key,
-    inputs) -> outputs` (`torch.library.custom_op`: opaque to Inductor, with a fake
-    implementation giving the verified output layouts);
+  * each region whose site key (graph + the graph's own shapes, dtypes and strides + backend)
+    has a verified kernel is replaced by one call of `kforge_<token>::region(key, inputs) ->
+    outputs`, opaque to Inductor, tagged needs_exact_strides with the layouts the kernel was
+    verified on: the layouts Inductor itself gives that region (regions/layout.py found them
+    at capture), so Inductor hands them over without a copy;
   * compile mode hands the rewritten graph to Inductor's `compile_fx_inner` (everything else
     is Inductor's, CUDA graphs included under reduce-overhead); eager mode runs it eagerly.
 
-The op launches on the current stream with outputs from the caching allocator and no host
-synchronisation, so it can be captured in a CUDA graph. A call whose tensors differ from what
-the kernel was verified on (it cannot happen through the rewrite, whose keys are exact, but the
-op is callable by anyone) runs the region's own graph instead and is counted as a fallback.
-Training graphs (grad enabled) are left untouched: the kernels have no backward.
+The op is C++ (region_op.cpp, built once per machine and torch version with
+torch.utils.cpp_extension and cached): the dispatcher calls it with no Python on the call path,
+it allocates outputs from the caching allocator and launches on the current stream with no
+synchronisation, so it can be captured in a CUDA graph. Where no C++ compiler is available the
+same op is implemented in Python (ctypes; tens of microseconds of host time a call, which
+`native_status()` reports). A call whose tensors differ from what its kernel was verified on
+(it cannot happen through the rewrite, whose keys and layouts are exact, but the op is callable
+by anyone) runs the region's own graph instead and is counted as a fallback. Training graphs
+(grad enabled) are left untouched: the kernels have no backward.
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
-import operator
+import logging
 import os
 from pathlib import Path
 
@@ -33,28 +39,37 @@ import torch
 import torch.fx as fx
 
 try:  # an exported package: siblings
-    from . import graph as _graph, partition as _partition, trace as _trace  # type: ignore
+    from . import graph as _graph, rewrite as _rewrite, trace as _trace  # type: ignore
 except ImportError:
-    from kforge_tui.regions import graph as _graph, partition as _partition, trace as _trace
+    from kforge_tui.regions import graph as _graph, rewrite as _rewrite, trace as _trace
+
+log = logging.getLogger("kforge.integrate")
 
 ENTRY = "kforge_launch"
 MODES = ("compile", "eager")
-# One op per copy of this file: kforge itself and an exported package can live in one process.
-# Its text is in the name too: Inductor's FX graph cache keys on the graph's code, in which the
-# op appears by name, so a graph compiled with an older version of the op (other layout
-# constraints) is not reused by this one.
+# The sandbox places every tensor at a 64-byte boundary (and no closer to a page start than
+# that), so a kernel is known to be right only for pointers aligned so: any other call falls back.
+ALIGN = 64
+NATIVE_SOURCE = Path(__file__).with_name("region_op.cpp")
+
+
+# One namespace per copy of this file: kforge itself and an exported package can live in one
+# process. Its text is in the name too: Inductor's FX graph cache keys on the graph's code, in
+# which the op appears by name, so a graph compiled with an older version of the op (other
+# layout constraints) is not reused by this one.
 def _token() -> str:
     h = hashlib.sha1(os.path.abspath(__file__).encode())
-    try:
-        with open(__file__, "rb") as f:
-            h.update(f.read())
-    except OSError:
-        pass
+    for f in (__file__, NATIVE_SOURCE):
+        try:
+            h.update(Path(f).read_bytes())
+        except OSError:
+            pass
     return h.hexdigest()[:10]
 
 
 _TOKEN = _token()
-OP_NAME = f"kforge::region_{_TOKEN}"
+OP_NS = f"kforge_{_TOKEN}"
+OP_NAME = f"{OP_NS}::region"
 
 
 class KernelLoadError(RuntimeError):
@@ -74,13 +89,24 @@ def _meta_json(t) -> dict:
             "stride": [int(s) for s in t.stride()]}
 
 
+def _same_strides(got, want, shape) -> bool:
+    # the stride of a dim of size 1 never moves a pointer ([16, 1] as (1, 0) or (1, 1))
+    return all(a == b for a, b, n in zip(got, want, shape) if n > 1)
+
+
 class Kernel:
-    """One verified region kernel: its compiled entry point and the exact layouts it takes."""
+    """One verified region kernel: its compiled entry point and the exact layouts it takes.
+
+    `site_key` is the key the graph rewrite computes (the region at the graph's own layouts);
+    `key` names the kernel (the region at the layouts it was verified on: Inductor's, for a
+    task whose capture found them) and is the op's argument in the graph, so two kernels for one
+    site with different layouts never share a graph in Inductor's FX graph cache."""
 
     def __init__(self, spec: dict):
         self.spec = spec
         self.task_id = spec["task_id"]
         self.key = spec["key"]
+        self.site_key = spec.get("site_key") or spec["key"]
         self.op = spec.get("op", "")
         self.backend = spec["backend"]
         self.cuda = self.backend == "cuda"
@@ -92,9 +118,9 @@ class Kernel:
             cfn = getattr(self._lib, ENTRY)
         except (OSError, AttributeError) as e:
             raise KernelLoadError(f"{self.task_id}: cannot load {ENTRY} from {spec['lib']}: {e}") from None
+        self.address = ctypes.cast(cfn, ctypes.c_void_p).value
         n = 3 if self.cuda else 2
-        self.fn = ctypes.CFUNCTYPE(ctypes.c_int, *([ctypes.c_void_p] * n))(
-            ctypes.cast(cfn, ctypes.c_void_p).value)
+        self.fn = ctypes.CFUNCTYPE(ctypes.c_int, *([ctypes.c_void_p] * n))(self.address)
         self._ins_t = ctypes.c_void_p * max(1, len(self.inputs))
         self._outs_t = ctypes.c_void_p * max(1, len(self.outputs))
 
@@ -104,13 +130,35 @@ class Kernel:
         for t, (shape, dt, stride) in zip(tensors, self.inputs):
             if t.dtype != dt or tuple(t.shape) != shape or t.is_cuda != self.cuda:
                 return False
-            # the stride of a dim of size 1 never moves a pointer ([16, 1] as (1, 0) or (1, 1))
-            if any(a != b for a, b, n in zip(t.stride(), stride, shape) if n > 1):
+            if not _same_strides(t.stride(), stride, shape) or t.data_ptr() % ALIGN:
                 return False
         return True
 
     def empty_outputs(self, device) -> list:
         return [torch.empty_strided(s, st, dtype=dt, device=device) for s, dt, st in self.outputs]
+
+    def fake_inputs(self, vals: list) -> list:
+        """The site's fake input values with this kernel's strides: what Inductor must hand it."""
+        out = []
+        for v, (shape, dt, stride) in zip(vals, self.inputs):
+            if isinstance(v, torch.Tensor) and not _same_strides(v.stride(), stride, shape):
+                mode = getattr(v, "fake_mode", None)
+                if mode is not None:
+                    with mode:
+                        v = torch.empty_strided(shape, stride, dtype=dt, device=v.device)
+                else:
+                    v = torch.empty_strided(shape, stride, dtype=dt, device="meta")
+            out.append(v)
+        return out
+
+    def fake_outputs(self, vals: list) -> list:
+        """Fake values of what the kernel writes (its verified output layouts)."""
+        ref = next((v for v in vals if isinstance(v, torch.Tensor)), None)
+        mode = getattr(ref, "fake_mode", None)
+        if mode is None:
+            return vals
+        with mode:
+            return [torch.empty_strided(s, st, dtype=dt, device=ref.device) for s, dt, st in self.outputs]
 
     def launch(self, tensors) -> list:
         device = tensors[0].device if tensors else torch.device("cuda" if self.cuda else "cpu")
@@ -130,22 +178,50 @@ class Kernel:
 
 
 class Runtime:
-    """The kernels of one applied run, by key, and how often each ran or fell back."""
+    """The kernels of one applied run, by key (`kernels`) and by site key (`sites`: what the
+    graph rewrite looks up), and how often each ran or fell back.
 
-    def __init__(self, kernels: list[Kernel]):
-        self.kernels = {k.key: k for k in kernels}
-        self.counts: dict[str, int] = {k.task_id: 0 for k in kernels}
+    With the C++ op available, each kernel is registered with it and calls never reach Python;
+    `native=False` keeps every call in Python (what tests use to watch calls)."""
+
+    def __init__(self, kernels: list, native: bool | None = None):
+        self.kernels: dict[str, Kernel] = {}
+        self.sites: dict[str, Kernel] = {}
+        for k in kernels:
+            self.kernels.setdefault(k.key, k)
+            self.sites.setdefault(getattr(k, "site_key", k.key), k)
+        self._py_counts: dict[str, int] = {k.task_id: 0 for k in kernels}
         self.fallback_counts: dict[str, int] = {}
         self.replaced: dict[str, int] = {k.task_id: 0 for k in kernels}  # region sites rewritten
+        self.native = None
+        if native is not False and all(hasattr(k, "address") for k in self.kernels.values()):
+            self.native = _native()
+            if self.native is not None:
+                for k in self.kernels.values():
+                    self.native.add(k)
+            elif native:
+                raise RuntimeError(f"the C++ region op is unavailable: {native_status()['reason']}")
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """task_id -> calls that ran its kernel (live)."""
+        out = dict(self._py_counts)
+        if self.native is not None:
+            for k in self.kernels.values():
+                out[k.task_id] = out.get(k.task_id, 0) + self.native.calls(k.key)
+        return out
 
     @property
     def fallbacks(self) -> dict[str, int]:
         return dict(self.fallback_counts)
 
     def reset_counts(self) -> None:
-        for t in self.counts:
-            self.counts[t] = 0
+        for t in self._py_counts:
+            self._py_counts[t] = 0
         self.fallback_counts.clear()
+        if self.native is not None:
+            for k in self.kernels.values():
+                self.native.reset(k.key)
 
     def run(self, key: str, tensors: list) -> list:
         k = self.kernels.get(key)
@@ -155,14 +231,127 @@ class Runtime:
             why = f"{k.task_id}: tensors differ from the verified layout"
             self.fallback_counts[why] = self.fallback_counts.get(why, 0) + 1
             return [t.clone() for t in _graph.run(k.graph, list(tensors))]
-        self.counts[k.task_id] += 1
+        self._py_counts[k.task_id] = self._py_counts.get(k.task_id, 0) + 1
         return k.launch(tensors)
 
 
-# ------------------------------------------------------------------ the custom op
+# ------------------------------------------------------------------ the C++ op
+
+class _Native:
+    """ctypes view of the built region_op library (registration and counters only: calls go
+    through the dispatcher)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.lib = ctypes.CDLL(path)
+        L = self.lib
+        L.kforge_native_init.argtypes = [ctypes.c_char_p]
+        i32p, i64p = ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int64)
+        L.kforge_native_add.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                        i32p, i64p, i64p, i32p, ctypes.c_int, i32p, i64p, i64p, i32p,
+                                        ctypes.c_int64]
+        L.kforge_native_calls.argtypes = [ctypes.c_char_p]
+        L.kforge_native_calls.restype = ctypes.c_int64
+        L.kforge_native_reset.argtypes = [ctypes.c_char_p]
+
+    def init(self, ns: str) -> None:
+        if self.lib.kforge_native_init(ns.encode()) != 0:
+            raise RuntimeError(f"kforge_native_init({ns}) failed (see stderr)")
+
+    @staticmethod
+    def _flat(layouts):
+        ndims = (ctypes.c_int32 * max(1, len(layouts)))(*[len(s) for s, _, _ in layouts])
+        sizes = [int(x) for s, _, _ in layouts for x in s]
+        strides = [int(x) for _, _, st in layouts for x in st]
+        dtypes = (ctypes.c_int32 * max(1, len(layouts)))(*[_scalar_type(dt) for _, dt, _ in layouts])
+        return (ndims, (ctypes.c_int64 * max(1, len(sizes)))(*sizes),
+                (ctypes.c_int64 * max(1, len(strides)))(*strides), dtypes)
+
+    def add(self, k: Kernel) -> None:
+        i_nd, i_sz, i_st, i_dt = self._flat(k.inputs)
+        o_nd, o_sz, o_st, o_dt = self._flat(k.outputs)
+        rc = self.lib.kforge_native_add(k.key.encode(), k.address, int(k.cuda), len(k.inputs), i_nd,
+                                        i_sz, i_st, i_dt, len(k.outputs), o_nd, o_sz, o_st, o_dt, ALIGN)
+        if rc != 0:
+            raise RuntimeError(f"kforge_native_add failed for {k.task_id}")
+
+    def calls(self, key: str) -> int:
+        return max(0, int(self.lib.kforge_native_calls(key.encode())))
+
+    def reset(self, key: str) -> None:
+        self.lib.kforge_native_reset(key.encode())
+
+
+def _scalar_type(dt: torch.dtype) -> int:
+    """c10::ScalarType's number for a dtype (the enum order of c10/core/ScalarType.h)."""
+    order = ["uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64",
+             "complex32", "complex64", "complex128", "bool", "qint8", "quint8", "qint32", "bfloat16"]
+    return order.index(str(dt).replace("torch.", ""))
+
+
+_NATIVE: dict = {}  # "lib": _Native | None, "reason": why not, "build_s": seconds spent building
+
+
+def native_dir() -> Path:
+    """Where the C++ op is built: the kforge cache (KFORGE_CACHE, else the user cache), per torch
+    version and op namespace (this file's copy and text), so one build serves every run on the
+    machine and two copies in one process (kforge and an export) each have their own library."""
+    base = os.environ.get("KFORGE_CACHE")
+    if not base:
+        try:
+            import platformdirs
+
+            base = str(platformdirs.user_cache_path("kforge", appauthor=False))
+        except ImportError:  # an exported package needs only torch: torch's own extension root
+            from torch.utils.cpp_extension import get_default_build_root
+
+            base = os.path.join(get_default_build_root(), "kforge")
+    return Path(base) / "native" / f"torch-{torch.__version__.replace('+', '_')}-{OP_NS}"
+
+
+def _native() -> _Native | None:
+    """The built and loaded C++ op library, or None (with the reason in native_status())."""
+    if "lib" in _NATIVE:
+        return _NATIVE["lib"]
+    import time
+
+    if os.environ.get("KFORGE_NATIVE_OP", "1") == "0":
+        _NATIVE.update(lib=None, reason="KFORGE_NATIVE_OP=0")
+        return None
+    t0 = time.perf_counter()
+    try:
+        from torch.utils import cpp_extension
+
+        d = native_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        name = "kforge_region_op"
+        so = d / f"{name}.so"
+        if not so.exists():
+            log.info("building kforge's C++ region op once for torch %s (%s)", torch.__version__, d)
+        # cpp_extension does the flags, the ABI, ninja and a lock against a concurrent build
+        cpp_extension.load(name, [str(NATIVE_SOURCE)], build_directory=str(d), is_python_module=False,
+                           extra_cflags=["-O2"], verbose=False)
+        lib = _Native(str(so))
+        _NATIVE.update(lib=lib, reason="", build_s=time.perf_counter() - t0)
+    except Exception as e:  # noqa: BLE001 - no compiler, no ninja, no headers: Python calls instead
+        first = str(e).strip().splitlines()
+        _NATIVE.update(lib=None, reason=f"{type(e).__name__}: {first[-1][:300] if first else ''}",
+                       build_s=time.perf_counter() - t0)
+    return _NATIVE["lib"]
+
+
+def native_status() -> dict:
+    """{"native": bool, "reason": why not, "path": the library}: how region calls are made."""
+    lib = _native()
+    return {"native": lib is not None, "reason": _NATIVE.get("reason", ""),
+            "path": lib.path if lib is not None else None, "build_s": _NATIVE.get("build_s")}
+
+
+# ------------------------------------------------------------------ the op
 
 _RUNTIMES: dict[int, Runtime] = {}  # id(runtime) -> runtime; the op finds kernels by key
 _OP = None
+_LIB = None
 
 
 def _find(key: str) -> Runtime:
@@ -172,104 +361,59 @@ def _find(key: str) -> Runtime:
     raise RuntimeError(f"kforge: kernel {key[:12]} is not loaded (was the model's kforge runtime removed?)")
 
 
+def _py_region(key: str, inputs: list) -> list:
+    return _find(key).run(key, list(inputs))
+
+
+def _fake_region(key: str, inputs: list) -> list:
+    k = _find(key).kernels[key]
+    device = inputs[0].device if inputs else torch.device("cuda" if k.cuda else "cpu")
+    return k.empty_outputs(device)
+
+
 def region_op():
-    """The custom op (registered once per process and per copy of this file)."""
-    global _OP
+    """The region op (defined once per process and per copy of this file): C++ when the native
+    library builds, else Python. `region_fallback` is the Python path the C++ op forwards a call
+    it cannot launch to."""
+    global _OP, _LIB
     if _OP is not None:
         return _OP
-
-    def region(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        return _find(key).run(key, inputs)
-
+    lib = torch.library.Library(OP_NS, "FRAGMENT")
     # A kernel takes its inputs in the exact strides it was verified on: Inductor must hand
     # them over so (the strides are the fake values in the call's `eager_input_vals`).
     tag = getattr(torch.Tag, "needs_exact_strides", None)
-    try:
-        region = torch.library.custom_op(OP_NAME, mutates_args=(),
-                                         tags=(tag,) if tag is not None else ())(region)
-    except TypeError:  # a torch whose custom_op takes no tags
-        region = torch.library.custom_op(OP_NAME, mutates_args=())(region)
-
-    @region.register_fake
-    def _(key, inputs):
-        k = _find(key).kernels[key]
-        device = inputs[0].device if inputs else torch.device("cuda" if k.cuda else "cpu")
-        return k.empty_outputs(device)
-
-    _OP = torch.ops.kforge.__getattr__(OP_NAME.split("::", 1)[1]).default
+    schema = "(str key, Tensor[] inputs) -> Tensor[]"
+    lib.define("region" + schema, tags=(tag,) if tag is not None else ())
+    lib.define("region_fallback" + schema)
+    lib.impl("region_fallback", _py_region, "CompositeExplicitAutograd")
+    nat = _native()
+    if nat is not None:
+        nat.init(OP_NS)
+    else:
+        for key in ("CPU", "CUDA"):
+            lib.impl("region", _py_region, key)
+    torch.library.register_fake(f"{OP_NS}::region", _fake_region, lib=lib)
+    torch.library.register_fake(f"{OP_NS}::region_fallback", _fake_region, lib=lib)
+    _LIB = lib
+    _OP = getattr(getattr(torch.ops, OP_NS), "region").default
     return _OP
 
 
 # ------------------------------------------------------------------ the graph rewrite
 
 def rewrite(gm: fx.GraphModule, runtime: Runtime, backend: str) -> int:
-    """Replace every region of `gm` that has a verified kernel by one custom-op call."""
+    """Replace every region of `gm` that has a verified kernel by one region-op call."""
     op = region_op()
-    part = _partition.partition(gm)
-    # Every key is computed on the untouched graph first: replacing a region rewires its
-    # consumers to the custom op's results, so a later region's spec, read after that, would
-    # name arguments outside itself and no longer match its kernel (two adjacent winners).
     chosen = []
-    for spec in part.regions:
-        if spec.unsupported:
-            continue
-        metas_in = [_partition.tensor_meta(n) for n in spec.inputs]
-        metas_out = [_partition.tensor_meta(n) for n in spec.outputs]
-        if any(m is None for m in metas_in + metas_out) or not metas_out:
-            continue
-        try:
-            graph = _partition.extract(spec)
-        except _graph.UnsupportedRegion:
-            continue
-        j_in = [{"shape": list(s), "dtype": str(d).replace("torch.", ""), "stride": list(st)}
-                for s, st, d in metas_in]
-        j_out = [{"shape": list(s), "dtype": str(d).replace("torch.", ""), "stride": list(st)}
-                 for s, st, d in metas_out]
-        key = _graph.region_key(graph, j_in, j_out, backend)
-        k = runtime.kernels.get(key)
+    for site in _rewrite.sites(gm, backend):
+        k = runtime.sites.get(site.key)
         if k is None:
             continue
-        chosen.append((spec, key, k))
-    subst: dict = {}  # a replaced region's output node -> the getitem of its custom-op call
-    for spec, key, k in chosen:
-        _replace(gm, spec, op, key, subst)
+        vals = [i.meta.get("val") for i in site.spec.inputs]
+        chosen.append((site, op, k.fake_inputs(vals),
+                       k.fake_outputs([o.meta.get("val") for o in site.spec.outputs]), k.key))
         runtime.replaced[k.task_id] = runtime.replaced.get(k.task_id, 0) + 1
-    done = len(chosen)
-    if done:
-        from torch.fx.passes.tools_common import legalize_graph
-
-        legalize_graph(gm)
-        gm.graph.eliminate_dead_code()
-        gm.graph.lint()
-        gm.recompile()
-    return done
-
-
-def _replace(gm: fx.GraphModule, spec, op, key: str, subst: dict | None = None) -> None:
-    g = gm.graph
-    subst = {} if subst is None else subst
-    members = set(spec.nodes)
-    with g.inserting_before(spec.nodes[0]):
-        call = g.call_function(op, (key, [subst.get(i, i) for i in spec.inputs]))
-        call.meta["val"] = [o.meta.get("val") for o in spec.outputs]
-        # The exact layouts the kernel was verified on. Without them Inductor treats an op
-        # inserted by a graph pass as free of layout constraints and may hand it a buffer laid
-        # out its own way (a channels_last conv input came in contiguous): every call would
-        # fall back to the region's graph. With them it constrains the inputs to these strides.
-        call.meta["eager_input_vals"] = ((key, [i.meta.get("val") for i in spec.inputs]), {})
-        call.meta["stack_trace"] = spec.nodes[0].meta.get("stack_trace")
-        outs = []
-        for j, o in enumerate(spec.outputs):
-            gi = g.call_function(operator.getitem, (call, j))
-            gi.meta["val"] = o.meta.get("val")
-            outs.append(gi)
-    for o, gi in zip(spec.outputs, outs):
-        subst[o] = gi
-        for user in list(o.users):
-            if user not in members:
-                user.replace_input_with(o, gi)
-    for n in reversed(spec.nodes):  # later members first: their users are gone by then
-        g.erase_node(n)
+    return _rewrite.replace(gm, chosen)
 
 
 # ------------------------------------------------------------------ backend and install

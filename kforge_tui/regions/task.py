@@ -47,6 +47,10 @@ class Task:
     module: str = ""  # module path (class) it sits in
     aten: str = ""  # the region's aten ops, for tables
     parts: str = ""  # what the model called, by name (`gelu layer_norm softmax`): for --ops
+    # The strides the traced graph gives the region's inputs and outputs, when the task's own
+    # are the ones Inductor hands the region inside the compiled model and differ from them
+    # (regions/layout.py): {"inputs": [[...], ...], "outputs": [...]}; empty when they agree.
+    traced_strides: dict = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -55,6 +59,32 @@ class Task:
 
         return region_key(self.graph, [m.to_json() for m in self.inputs],
                           [m.to_json() for m in self.outputs], self.backend)
+
+    @property
+    def site_key(self) -> str:
+        """The key the graph rewrite computes for this region (at the traced layouts)."""
+        if not self.traced_strides:
+            return self.key
+        from kforge_tui.regions.graph import region_key
+
+        def metas(ms, strides):
+            return [dict(m.to_json(), stride=list(st)) for m, st in zip(ms, strides)]
+
+        return region_key(self.graph, metas(self.inputs, self.traced_strides["inputs"]),
+                          metas(self.outputs, self.traced_strides["outputs"]), self.backend)
+
+    def with_layouts(self, in_strides: list, out_strides: list) -> "Task":
+        """This task with the inputs and outputs laid out so (Inductor's choice), remembering
+        the traced strides the graph rewrite will key on."""
+        traced = self.traced_strides or {"inputs": [list(m.strides) for m in self.inputs],
+                                         "outputs": [list(m.strides) for m in self.outputs]}
+        ins = tuple(replace(m, stride=tuple(st)) if st is not None and m.present else m
+                    for m, st in zip(self.inputs, in_strides))
+        outs = tuple(replace(m, stride=tuple(st)) if st is not None else m
+                     for m, st in zip(self.outputs, out_strides))
+        same = ([list(m.strides) for m in ins] == traced["inputs"]
+                and [list(m.strides) for m in outs] == traced["outputs"])
+        return replace(self, inputs=ins, outputs=outs, traced_strides={} if same else traced)
 
     @property
     def task_id(self) -> str:

@@ -17,7 +17,12 @@ synchronisation):
     inside the timed region (what do_bench measures too);
   * inputs rotate among the input sets (as many as free memory allows) with distinct buffers,
     so no call finds its inputs or its output cache-hot from the previous call;
-  * the eager and torch.compile references are timed by the same loop;
+  * the eager and torch.compile references are timed by the same loop, on the same clock: on
+    cuda the device time of the call (a spin before each start event keeps the host ahead, so
+    Python and launcher time never shows inside the window: the region's in-model cost on the
+    device, which is what Inductor's kernels spend there; host cost is judged on the whole
+    model, integrate/e2e.py), on the cpu the wall time; a candidate's calls on the same clock
+    (its own wait and checks come after the end marker);
   * a median below the roofline floor is impossible.
 
 Long calls get fewer iterations (at least MIN_SAMPLES, within `max_wall_s`): the median and the
@@ -60,9 +65,10 @@ def _percentile(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def summarise(samples: list[float], method: str) -> Timing:
+def summarise(samples: list[float], method: str, clock: str = "") -> Timing:
     return Timing(median_us=statistics.median(samples), p10_us=_percentile(samples, 0.1),
-                  p90_us=_percentile(samples, 0.9), min_us=min(samples), n=len(samples), method=method)
+                  p90_us=_percentile(samples, 0.9), min_us=min(samples), n=len(samples), method=method,
+                  clock=clock)
 
 
 class Checks:
@@ -135,6 +141,8 @@ def time_calls(backend, call: Callable, sets: list, cfg: dict | None = None, *,
     rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
     k = len(sets)
 
+    host = [0.0]  # the longest host time of one call seen so far (enqueue only)
+
     def one(i: int, check: bool, refresh: bool = False, wait: bool = False):
         s = sets[i % k]
         if check and checks is not None:
@@ -144,7 +152,9 @@ def time_calls(backend, call: Callable, sets: list, cfg: dict | None = None, *,
             fill(s)
         backend.flush()
         tok = backend.start()
+        h0 = time.perf_counter()
         rc = call(s)
+        host[0] = max(host[0], time.perf_counter() - h0)
         tok = backend.end(tok)
         rep = rc if isinstance(rc, CallReport) else (CallReport(rc) if isinstance(rc, int) else None)
         if rep is not None and rep.rc != 0:
@@ -169,11 +179,13 @@ def time_calls(backend, call: Callable, sets: list, cfg: dict | None = None, *,
         tw = time.perf_counter()
         _, mm = one(i, checks is not None, refresh=checks is not None, wait=True)
         if mm:
-            return summarise([1.0], "aborted"), mm
+            return summarise([1.0], "aborted", getattr(backend, "clock", "")), mm
         i += 1
         if time.perf_counter() - tw > 0.05:  # a long call: one warm-up is enough
             break
     per_call = (time.perf_counter() - t0) / max(i, 1)
+    if hasattr(backend, "keep_ahead"):  # device clock: from now on the host never shows
+        backend.keep_ahead(host[0])
     n = n_iters(cfg, per_call, k)
     checked, fresh = plan(n, k, cfg, rng) if checks is not None else (set(), set())
     if on_plan is not None:
@@ -183,11 +195,13 @@ def time_calls(backend, call: Callable, sets: list, cfg: dict | None = None, *,
         tok, mm = one(i, i in checked, refresh=i in fresh)
         marks.append(tok)
         if mm:
-            return summarise([backend.elapsed(m) for m in marks], backend.timing_method(k)), mm
+            return summarise([backend.elapsed(m) for m in marks], backend.timing_method(k),
+                             getattr(backend, "clock", "")), mm
     times = [backend.elapsed(m) for m in marks]
     counted = [t for i, t in enumerate(times) if i in fresh or checks is None]
     probes = [t for i, t in enumerate(times) if checks is not None and i not in fresh]
-    return summarise(counted or times, backend.timing_method(k)), _replay_verdict(counted, probes)
+    return (summarise(counted or times, backend.timing_method(k), getattr(backend, "clock", "")),
+            _replay_verdict(counted, probes))
 
 
 # ------------------------------------------------------------------------ roofline floor

@@ -31,6 +31,8 @@ class Timing:
     min_us: float
     n: int
     method: str = ""  # e.g. "cuda events, L2 flushed, 4 input sets rotated"
+    # "device" (cuda: event time with the host kept ahead, no host time inside) or "wall" (cpu)
+    clock: str = ""
 
     @property
     def spread(self) -> float:

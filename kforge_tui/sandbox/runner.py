@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import socket
 import sys
 from dataclasses import asdict
 
 from kforge_tui.sandbox.backends import device_kind, make_backend
-from kforge_tui.sandbox.worker import MSG_MAX, RunnerGone, recv, send
+from kforge_tui.sandbox.channel import MSG_MAX, RunnerGone, recv, send
 
 def _keep_freed_memory(backend_name: str, device: int) -> None:
     """Make freed memory stay where it was, as in a long-running model process: no heap trimming

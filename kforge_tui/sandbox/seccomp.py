@@ -100,7 +100,7 @@ def arch() -> str | None:
 
 
 def enabled() -> bool:
-    from kforge_tui.sandbox.backends import setting
+    from kforge_tui.sandbox.settings import setting
 
     return (setting("KFORGE_SECCOMP") or "1") not in ("0", "off", "false") and arch() is not None
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import gc
 import os
-import random
-import signal
 import socket
 import time
 from collections import OrderedDict, deque
@@ -21,51 +19,10 @@ from dataclasses import asdict, dataclass, field
 
 from kforge_tui.sandbox.backends import device_kind, make_backend
 from kforge_tui.sandbox.timing import RemoteTiming
-from kforge_tui.sandbox.worker import SPARES, RunnerGone, Zygote, recv, send
+from kforge_tui.sandbox.channel import RunnerGone, recv, send
+from kforge_tui.sandbox.zygote import RunnerHandle, Zygote
 
-class RunnerHandle:
-    def __init__(self, pid: int, sock: socket.socket, zygote: Zygote):
-        self.pid = pid
-        self.sock = sock
-        self.zygote = zygote
-        self.ready = False
-        self.error = ""
-        self.started = time.perf_counter()
-
-    def wait_ready(self, timeout: float) -> bool:
-        if self.ready:
-            return True
-        try:
-            msg = recv(self.sock, timeout)
-        except (RunnerGone, OSError, socket.timeout):
-            self.error = "runner did not start"
-            return False
-        if msg.get("error"):
-            self.error = msg["error"]
-            self.oom = msg.get("ev") == "oom"
-            return False
-        self.ready = True
-        return True
-
-    def kill(self) -> int | None:
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-        return self.zygote.status(self.pid)
-
-    def exit_status(self) -> int | None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-        st = self.zygote.status(self.pid)
-        return st
-
+SPARES = {"cpu": 1, "cuda": 2}  # spare runners kept started, per device kind
 
 # --------------------------------------------------------------------------- supervisor
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from kforge_tui.sandbox.worker import send
+from kforge_tui.sandbox.channel import send
 
 if TYPE_CHECKING:
     from kforge_tui.sandbox.supervisor import PreparedTask

@@ -44,9 +44,10 @@ kernels in numpy on CPU tensors; CI). What differs from a C candidate, and only 
               call raised or returned non-zero) -> load_error; a device fault in it -> crash;
               "torch_op" -> verify_error; "static_error" (re-check) -> static_error.
 
-Modules: this one is the entry point, the message channel and the zygote; the supervisor is
-sandbox/supervisor.py, the runner sandbox/runner.py (its messages are listed there), the timing
-across the two sandbox/timing.py (the loop itself: sandbox/bench.py). Supervisor <-> runner: one
+Modules: this one is the entry point; the channel is sandbox/channel.py, the zygote
+sandbox/zygote.py, the supervisor sandbox/supervisor.py, the runner sandbox/runner.py (its
+messages are listed there), the timing across the two sandbox/timing.py (the loop itself:
+sandbox/bench.py), the runner's syscall filter sandbox/seccomp.py. Supervisor <-> runner: one
 JSON object per message over a SOCK_SEQPACKET socket (never pickle: the runner runs untrusted
 code).
 
@@ -65,8 +66,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import socket
 import sys
 import traceback
 
@@ -74,201 +73,11 @@ import traceback
 if __name__ == "__main__" or os.environ.get("KFORGE_WORKER_PROCESS"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-MSG_MAX = 1 << 22
-SPARES = {"cpu": 1, "cuda": 2}
-
-
 def _protocol_stream():
     fd = os.dup(1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     return os.fdopen(fd, "w", buffering=1), fd
-
-
-# --------------------------------------------------------------------------- messages
-
-class RunnerGone(Exception):
-    """The runner closed its socket (exited or was killed)."""
-
-
-def send(sock: socket.socket, obj: dict, fds: list[int] | None = None) -> None:
-    data = json.dumps(obj).encode()
-    if fds:
-        socket.send_fds(sock, [data], fds)
-    else:
-        sock.send(data)
-
-
-def recv(sock: socket.socket, timeout: float | None = None, want_fds: bool = False):
-    sock.settimeout(timeout)
-    try:
-        if want_fds:
-            data, fds, _, _ = socket.recv_fds(sock, MSG_MAX, 8)
-        else:
-            data, fds = sock.recv(MSG_MAX), []
-    except (ConnectionResetError, BrokenPipeError):
-        raise RunnerGone() from None
-    if not data:
-        raise RunnerGone()
-    try:
-        obj = json.loads(data)
-    except ValueError:
-        raise RunnerGone() from None  # garbage on the channel: treat the runner as lost
-    if not isinstance(obj, dict):
-        raise RunnerGone()
-    return (obj, fds) if want_fds else obj
-
-
-# --------------------------------------------------------------------------- zygote
-
-def _close_fds(keep: set[int]) -> None:
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            fd = int(name)
-        except ValueError:
-            continue
-        if fd > 2 and fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
-class Zygote:
-    """Handle of the zygote process (in the supervisor)."""
-
-    def __init__(self, backend: str, device: int, proto_fd: int):
-        try:
-            n = len(os.listdir("/proc/self/task"))
-        except OSError:
-            n = 0
-        if n > 2:  # GNU OpenMP does not survive a fork once its pool exists (runners would hang)
-            print(f"kforge worker: {n} threads exist before the zygote forks (OpenMP pool "
-                  f"started at import?); cpu runners may hang", file=sys.stderr, flush=True)
-        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
-        if pid == 0:  # the zygote
-            try:
-                a.close()
-                devnull = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(devnull, 0)  # the pool's request pipe is not for candidates
-                _close_fds({b.fileno()})
-                _zygote_main(b, backend, device)
-            finally:
-                os._exit(0)
-        b.close()
-        self.pid = pid
-        self.sock = a
-
-    def spawn(self, args: dict):
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            send(self.sock, {"cmd": "spawn", **args}, [theirs.fileno()])
-        finally:
-            theirs.close()
-        rep = recv(self.sock, 30)
-        from kforge_tui.sandbox.supervisor import RunnerHandle
-
-        return RunnerHandle(int(rep["pid"]), mine, self)
-
-    def status(self, pid: int) -> int | None:
-        """The runner's wait status (as returncode: -signal or exit code), after it ended."""
-        try:
-            send(self.sock, {"cmd": "status", "pid": pid})
-            return recv(self.sock, 15).get("status")
-        except Exception:
-            return None
-
-
-# Words that name the sandbox: none may be in a runner's command line, environment or stack,
-# or a kernel could tell the harness from a real forward by looking (issue 21).
-SANDBOX_WORDS = re.compile(r"kforge|sandbox|zygote|runner|supervisor|harness|verif|cheat|candidate",
-                           re.IGNORECASE)
-SETTINGS: dict[str, str] = {}  # the KFORGE_* settings, read before the zygote drops them
-
-
-def _plain_process() -> None:
-    """Make the zygote (and so every runner) look like any Python process: variables whose
-    name or value names the sandbox leave the environment (the KFORGE_* settings are kept in
-    SETTINGS first), the others are re-set so libc's environment points at copies, and the
-    original argument and environment strings at the top of the stack are zeroed, argv reading
-    "python3" (/proc/self/cmdline, a scan of the stack)."""
-    import ctypes
-
-    SETTINGS.update({k: v for k, v in os.environ.items() if k.startswith("KFORGE_")})
-    for k in list(os.environ):
-        if SANDBOX_WORDS.search(k) or SANDBOX_WORDS.search(os.environ.get(k, "")):
-            del os.environ[k]
-    for k, v in list(os.environ.items()):
-        os.environ[k] = v  # setenv: a heap copy; the stack's string is no longer referenced
-    try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        # fields after the command name, 0-based from `state` (field 3): arg_start is field 48
-        arg_start, arg_end, env_start, env_end = (int(x) for x in fields[45:49])
-    except (OSError, ValueError, IndexError):
-        return
-    if env_end > env_start:
-        ctypes.memset(env_start, 0, env_end - env_start)
-    if arg_end > arg_start:
-        ctypes.memset(arg_start, 0, arg_end - arg_start)
-        name = b"python3"
-        ctypes.memmove(arg_start, name, min(len(name), arg_end - arg_start - 1))
-    sys.argv[:] = ["python3"]
-    try:
-        sys.orig_argv[:] = ["python3"]
-    except (AttributeError, TypeError):
-        pass
-
-
-def _zygote_main(sock: socket.socket, backend: str, device: int) -> None:
-    from kforge_tui.sandbox.runner import _runner_main
-
-    _plain_process()
-    statuses: dict[int, int] = {}
-
-    def reap(block_pid: int | None = None) -> None:
-        while True:
-            try:
-                pid, st = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            statuses[pid] = os.waitstatus_to_exitcode(st)
-        if block_pid is not None and block_pid not in statuses:
-            try:
-                _, st = os.waitpid(block_pid, 0)
-                statuses[block_pid] = os.waitstatus_to_exitcode(st)
-            except ChildProcessError:
-                pass
-
-    while True:
-        try:
-            req, fds = recv(sock, None, want_fds=True)
-        except (RunnerGone, OSError):
-            return
-        reap()
-        if req.get("cmd") == "spawn":
-            pid = os.fork()
-            if pid == 0:
-                code = 0
-                try:
-                    sock.close()
-                    conn = socket.socket(fileno=fds[0])
-                    _runner_main(conn, backend, device, req)
-                except BaseException:
-                    traceback.print_exc()
-                    code = 70
-                finally:
-                    os._exit(code)
-            for fd in fds:
-                os.close(fd)
-            send(sock, {"pid": pid})
-        elif req.get("cmd") == "status":
-            pid = int(req["pid"])
-            reap(pid)
-            send(sock, {"status": statuses.pop(pid, None)})
 
 
 def thread_env() -> int:
@@ -318,6 +127,7 @@ def main(argv=None) -> int:
     from kforge_tui.sandbox.backends import arena, probe  # noqa: F401
     from kforge_tui.sandbox.runner import _import_triton
     from kforge_tui.sandbox.supervisor import InfraError, Worker
+    from kforge_tui.sandbox.zygote import Zygote
 
     def send_proto(obj: dict) -> None:
         proto.write(json.dumps(obj) + "\n")
@@ -379,4 +189,5 @@ if __name__ == "__main__":
     from kforge_tui.sandbox import worker as _package_worker
 
     sys.exit(_package_worker.main())
+
 

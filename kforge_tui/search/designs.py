@@ -15,12 +15,12 @@ Every render is one self-contained candidate source for the task's backend (gene
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 from kforge_tui.regions import patterns
 from kforge_tui.regions.task import Task
+from kforge_tui.search.codegen import generators
 
 
 class Design(Protocol):
@@ -95,33 +95,9 @@ def pattern_extent(ot) -> tuple[int, int]:
     return 1, s.get("numel", 1)
 
 
-# generators: task -> list of generated designs for it (registered by search/codegen modules)
-_GENERATORS: list[Callable[[Task], list]] = []
-_loaded = False
-_lock = threading.Lock()
-
-
-def register_generator(fn: Callable[[Task], list]) -> Callable[[Task], list]:
-    _GENERATORS.append(fn)
-    return fn
-
-
-def _load() -> None:
-    global _loaded
-    if _loaded:
-        return
-    with _lock:
-        if _loaded:
-            return
-        try:
-            import kforge_tui.search.codegen  # noqa: F401  (registers its generators)
-        except ImportError:
-            pass
-        _loaded = True
-
-
 def designs_for(task: Task) -> list:
-    """Every design that can serve this region task on its backend: families first."""
+    """Every design that can serve this region task on its backend: families first, then each
+    generator's (search.codegen.generators(), in its order)."""
     from kforge_tui.search.families import families_for
 
     out: list = []
@@ -129,8 +105,7 @@ def designs_for(task: Task) -> list:
     if b is not None:
         ot = b.op_task.with_backend(task.backend)
         out.extend(FamilyDesign(f, b) for f in families_for(ot))
-    _load()
-    for gen in _GENERATORS:
+    for gen in generators():
         try:
             out.extend(d for d in gen(task) if d.backend == task.backend)
         except Exception:  # a generator that cannot read this graph offers nothing

@@ -67,6 +67,15 @@ class Traced:
     graphs: int  # graphs dynamo captured (graph breaks + 1)
     ref_mismatch: dict[str, int] = field(default_factory=dict)  # task key -> calls not reproduced
     breaks: list[str] = field(default_factory=list)  # why dynamo broke the graph (one line each)
+    layout_notes: list[str] = field(default_factory=list)  # what the layout probe could not see
+
+    def record_of(self, task: Task) -> TaskRecord | None:
+        """The record of a task, whichever layout or kernel language the task is in now."""
+        return (self.records.get(task.site_key) or self.records.get(task.key)
+                or self.records.get(task.with_backend(self._backend()).site_key))
+
+    def _backend(self) -> str:
+        return next((r.task.backend for r in self.records.values()), "cpu")
 
     def tasks(self) -> list[Task]:
         return [r.task for r in sorted(self.records.values(), key=lambda r: r.first_index)]
@@ -87,16 +96,28 @@ def _digest(t: torch.Tensor) -> str:
 
 
 class _Recorder:
-    def __init__(self, backend: str, max_calls: int, max_bytes: int):
+    def __init__(self, backend: str, max_calls: int, max_bytes: int, probe_layouts: bool = True):
         self.backend = backend
         self.max_calls, self.max_bytes = max_calls, max_bytes
         self.records: dict[str, TaskRecord] = {}
         self.unsupported: dict[tuple, Unsupported] = {}
         self.skipped: list[tuple[str, str]] = []
         self.graphs = 0
+        self.probe_layouts = probe_layouts
+        self.layouts: dict[str, list] = {}  # site key -> what Inductor handed each of its sites
+        self.layout_notes: list[str] = []
 
     def hook(self, gm: fx.GraphModule, example_inputs, is_inference: bool, kwargs):
         self.graphs += 1
+        if self.probe_layouts and is_inference:
+            from kforge_tui.regions import layout
+
+            seen, why = layout.observe(gm, example_inputs, kwargs, self.backend)
+            for k, v in seen.items():
+                self.layouts.setdefault(k, []).extend(v)
+            if why:
+                self.layout_notes.append(f"graph {self.graphs}: Inductor's layouts unknown ({why}); "
+                                         "its regions keep the traced ones")
         part = P.partition(gm)
         self.skipped.extend(part.skipped)
         plans = []  # (spec, task key)
@@ -170,11 +191,12 @@ class _Runner:
 
 
 def trace_model(loaded, backend: str = "cpu", *, max_calls: int = 3,
-                max_bytes_per_task: int = 1 << 30) -> Traced:
-    """One forward of `loaded` through the capture backend; the regions and their real calls."""
+                max_bytes_per_task: int = 1 << 30, probe_layouts: bool = True) -> Traced:
+    """One forward of `loaded` through the capture backend; the regions and their real calls,
+    each task laid out as Inductor lays its region out in the compiled model (`probe_layouts`)."""
     from kforge_tui.errors import UsageError
 
-    rec = _Recorder(backend, max_calls, max_bytes_per_task)
+    rec = _Recorder(backend, max_calls, max_bytes_per_task, probe_layouts)
     loaded.run()  # the model's own errors first, in its own terms (dynamo would log a trace)
     compiled = torch.compile(loaded.model, backend=trace.make_backend(rec.hook), dynamic=False)
     traced_model = replace(loaded, model=compiled)
@@ -186,10 +208,22 @@ def trace_model(loaded, backend: str = "cpu", *, max_calls: int = 3,
         raise UsageError(f"{loaded.spec}: torch.compile could not capture the model's graph "
                          f"(its eager forward runs): {str(e).split('raised', 1)[-1].strip()}") from e
     traced = Traced(rec.records, list(rec.unsupported.values()), rec.skipped, rec.graphs,
-                    breaks=_break_reasons(before, _break_counts()))
+                    breaks=_break_reasons(before, _break_counts()), layout_notes=rec.layout_notes)
     _check_references(traced)
+    _apply_layouts(traced, rec.layouts)
     _name_patterns(traced, loaded.device)
     return traced
+
+
+def _apply_layouts(traced: Traced, layouts: dict[str, list]) -> None:
+    """Each task takes the layout Inductor hands its region (regions/layout.py); its captured
+    calls are laid out so when saved."""
+    from kforge_tui.regions.layout import chosen_layout
+
+    for key, r in traced.records.items():
+        got = chosen_layout(layouts.get(key, []))
+        if got is not None:
+            r.task = r.task.with_layouts(*got)
 
 
 def _break_counts() -> dict[str, int]:
@@ -258,13 +292,24 @@ def _check_references(traced: Traced) -> None:
             traced.ref_mismatch[key] = bad
 
 
+def _laid_out(tensors: list, metas) -> list:
+    """The captured tensors in the task's strides (same values): a task laid out as Inductor
+    lays its region out is verified on real calls in that layout."""
+    out = []
+    for t, m in zip(tensors, metas):
+        if isinstance(t, torch.Tensor) and m.present and m.stride is not None and tuple(t.stride()) != tuple(m.stride):
+            t = torch.empty_strided(t.shape, m.stride, dtype=t.dtype, device=t.device).copy_(t)
+        out.append(t)
+    return out
+
+
 def save_captures(run_dir, tasks: list[Task], traced: Traced) -> dict[str, str]:
     """Write the kept calls of `tasks` under RUN_DIR/captures/<task_id>/; returns a note per task
     (what was kept, what was summarised) for the run log."""
     notes = {}
-    by_region = {r.task.with_backend("cpu").key: r for r in traced.records.values()}
+    by_region = {r.task.with_backend("cpu").site_key: r for r in traced.records.values()}
     for task in tasks:  # a region searched in another kernel language has the same calls
-        r = traced.records.get(task.key) or by_region.get(task.with_backend("cpu").key)
+        r = traced.record_of(task) or by_region.get(task.with_backend("cpu").site_key)
         if r is None:
             continue
         d = capture_dir(run_dir, task.task_id)
@@ -272,7 +317,12 @@ def save_captures(run_dir, tasks: list[Task], traced: Traced) -> dict[str, str]:
         for stale in Path(d).glob("call_*.pt"):
             stale.unlink()
         for k, (ins, outs) in enumerate(r.saved):
-            save_call(Path(d) / f"call_{k}.pt", ins, outs)
+            laid = _laid_out(ins, task.inputs)
+            if any(a is not b for a, b in zip(laid, ins)):
+                # the region's reference in this layout: PyTorch may round a reduction over
+                # another memory order differently, and verification compares against this
+                outs = run_graph(task.graph, laid)
+            save_call(Path(d) / f"call_{k}.pt", laid, outs)
         note = f"{len(r.saved)} of {r.calls} call(s) captured"
         if r.summarised:
             import json
@@ -280,8 +330,11 @@ def save_captures(run_dir, tasks: list[Task], traced: Traced) -> dict[str, str]:
             (Path(d) / "summarised.json").write_text(json.dumps(r.summarised))
             note += (f"; {len(r.summarised)} over {r.bytes / 2**20:.0f} MiB kept only as value "
                      "statistics with a sha1 of the real bytes (random inputs are drawn from them)")
-        if r.task.key in traced.ref_mismatch:
-            note += (f"; WARNING: the region's graph did not reproduce {traced.ref_mismatch[r.task.key]} "
+        if r.task.traced_strides:
+            note += "; laid out as Inductor lays the region out in the compiled model"
+        mism = next((n for k, n in traced.ref_mismatch.items() if traced.records.get(k) is r), 0)
+        if mism:
+            note += (f"; WARNING: the region's graph did not reproduce {mism} "
                      "captured output(s) exactly")
         notes[task.task_id] = note
     return notes

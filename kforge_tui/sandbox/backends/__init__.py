@@ -24,12 +24,3 @@ def device_kind(lang: str) -> str:
     return "cpu" if interpreting() else "cuda"
 
 
-
-def setting(name: str) -> str | None:
-    """A KFORGE_* setting: the environment's, or in a runner (whose environment names nothing of
-    the sandbox) what the zygote read before it dropped them."""
-    import os
-
-    from kforge_tui.sandbox.worker import SETTINGS
-
-    return os.environ.get(name) or SETTINGS.get(name)

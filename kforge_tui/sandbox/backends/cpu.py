@@ -49,6 +49,8 @@ def llc_bytes() -> int:
 
 
 class CpuBackend:
+    # Calls are synchronous: the wall time of the call is all there is (host and compute).
+    clock = "wall"
     name = "cpu"
     has_stream = False
 
@@ -57,7 +59,7 @@ class CpuBackend:
         self.threads = torch.get_num_threads()
         self.llc = llc_bytes()
         self.cache_bytes = self.llc
-        from kforge_tui.sandbox.backends import setting
+        from kforge_tui.sandbox.settings import setting
 
         nbytes = int(setting("KFORGE_CPU_FLUSH_BYTES") or min(2 * self.llc, MAX_FLUSH))
         self._flush_buf = torch.zeros(nbytes // 4, dtype=torch.float32)

@@ -2,28 +2,46 @@
 regions no family matches, and competitors where one does).
 
   ir.py         the region graph analysed: shapes/strides/dtypes from a meta run, views as index
-                maps, pointwise ops as C expressions (ops.py), reductions; the C emitter
+                maps, reductions; the C emitter (pointwise ops as C expressions: ops.py)
+  cexpr.py      what ir.py and ops.py share: dtype tables, value references, C casts and literals
   sym.py        the index algebra (exact floor division / modulo with range-based simplification)
   pointwise.py  pointwise chains (cuda, cpu)
-  rows.py       one reduction domain with its prologue and epilogue: row, column and split
-                (multi-CTA) layouts (cuda, cpu)
+  rows/         one reduction domain with its prologue and epilogue: row, column and split
+                (multi-CTA) layouts (cuda, cpu): the plan, an emitter per backend, the designs
+  compute/      one compute op: matmul, convolution, attention (cuda, cpu), a module a family
+  pool.py       pooling windows, gathers, copies and scans (cuda, cpu)
+  triton_seed.py  Inductor's own Triton kernel for the region, and moves over it
 
-Importing this package registers each module's generator with search.designs. Generator modules
-written by others (compute.py, pool.py, triton_seed.py) are imported when present; one that is
-present but fails to import is logged and skipped, so it cannot take these down with it.
+`generators()` is the one place that says which modules generate designs: each exposes
+`generate(task) -> list` and imports nothing above it (search.designs asks this package, never
+the other way round). A module that fails to import is logged and skipped, so it cannot take
+the others down with it.
 """
 from __future__ import annotations
 
 import importlib
+import logging
+import threading
+from typing import Callable
 
-from kforge_tui.search.codegen import pointwise, rows  # noqa: F401  (register their generators)
+# in this order: designs_for lists generated designs in it
+GENERATOR_MODULES = ("pointwise", "rows", "compute", "pool", "triton_seed")
 
-for _m in ("compute", "pool", "triton_seed"):
-    try:
-        importlib.import_module(f"{__name__}.{_m}")
-    except ImportError as _e:
-        if getattr(_e, "name", None) != f"{__name__}.{_m}":
-            # the module is there but broken: it offers nothing, and ours stay registered
-            import logging
+_generators: list[Callable] | None = None
+_lock = threading.Lock()
 
-            logging.getLogger(__name__).warning("codegen.%s not loaded: %s", _m, _e)
+
+def generators() -> list[Callable]:
+    """Every generator module's `generate` (imported on the first call)."""
+    global _generators
+    if _generators is None:
+        with _lock:
+            if _generators is None:
+                found = []
+                for m in GENERATOR_MODULES:
+                    try:
+                        found.append(importlib.import_module(f"{__name__}.{m}").generate)
+                    except ImportError as e:  # broken: it offers nothing, the others stay
+                        logging.getLogger(__name__).warning("codegen.%s not loaded: %s", m, e)
+                _generators = found
+    return _generators

@@ -8,7 +8,8 @@ from typing import Callable
 
 from kforge_tui.regions.abi import INCLUDE_LINE
 from kforge_tui.search.codegen import cbase
-from kforge_tui.search.codegen.ir import ELEM_BYTES, STORE_C, Emitter, Scope
+from kforge_tui.search.codegen.cexpr import COMPUTE_C, ELEM_BYTES, STORE_C
+from kforge_tui.search.codegen.ir import Emitter, Scope
 from kforge_tui.search.codegen.sym import Form, Unsupported, var
 
 
@@ -16,7 +17,7 @@ from kforge_tui.search.codegen.sym import Form, Unsupported, var
 class GenDesign:
     """A generated design (the search.designs.Design protocol), shared by every generator.
 
-    `finish` is a last textual step on a render (compute.py spells its device-function marker
+    `finish` is a last textual step on a render (compute/base.py spells its device-function marker
     there); `default` falls back to the first valid point of the space when the generator's own
     default does not fit the task; a validity rule that raises means "not valid"."""
 
@@ -168,7 +169,6 @@ def cuda_loader(access: Access, cache=None):
         key = ("ld", v.name, off.key)
         if key not in scope.memo:
             name = em.fresh("ld")
-            from kforge_tui.search.codegen.ir import COMPUTE_C
             em.emit(scope, f"const {COMPUTE_C[v.dtype]} {name} = {em.conv_in(v.dtype, f'in{v.pos}[{off.c()}]')};")
             scope.memo[key] = name
         return scope.memo[key]
@@ -185,7 +185,6 @@ def cpu_loader():
         key = ("ld", v.name, off.key)
         if key not in scope.memo:
             name = em.fresh("ld")
-            from kforge_tui.search.codegen.ir import COMPUTE_C
             em.emit(scope, f"const {COMPUTE_C[v.dtype]} {name} = {em.conv_in(v.dtype, f'in{v.pos}[{off.c()}]')};")
             scope.memo[key] = name
         return scope.memo[key]

@@ -13,8 +13,8 @@ import math
 
 import torch
 
-from kforge_tui.search.codegen.ir import (COMPUTE_C, FLOATS, HALF, INTS, Ref, broadcast_idx, cast,
-                                          literal)
+from kforge_tui.search.codegen.cexpr import (COMPUTE_C, FLOATS, HALF, INTS, Ref, broadcast_idx, cast,
+                                             literal)
 from kforge_tui.search.codegen.sym import Unsupported
 
 # op packet -> handler name; kept explicit so `known` can answer without emitting

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import math
 
-from kforge_tui.search import designs
 from kforge_tui.search.csrc import OMP_MIN_WORK
 from kforge_tui.search.codegen import kbuild as K
-from kforge_tui.search.codegen.ir import ELEM_BYTES, Emitter, Scope, broadcast_idx, region_of
+from kforge_tui.search.codegen.cexpr import ELEM_BYTES, broadcast_idx
+from kforge_tui.search.codegen.ir import Emitter, Scope, region_of
 from kforge_tui.search.codegen.sym import Unsupported, const, ravel, unravel, var
 
 CUDA_SPACE = {"threads": (64, 128, 256, 512, 1024), "vec": (1, 2, 4, 8, 16), "unroll": (1, 2, 4),
@@ -426,5 +426,3 @@ def generate(task) -> list:
         return []
     return [d]
 
-
-designs.register_generator(generate)

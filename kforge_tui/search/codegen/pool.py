@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 
 from kforge_tui.search.csrc import OMP_MIN_WORK
-from kforge_tui.search.codegen.compute import (
+from kforge_tui.search.codegen.compute.base import (
     FLOATS, Operand, OutRef, compute_design, analyze, entry_fill, fill, load, off_expr, prelude, store,
     usable)
 
@@ -830,11 +830,3 @@ def generate(task) -> list:
     except Exception:
         return []
 
-
-def _register() -> None:
-    from kforge_tui.search.designs import register_generator
-
-    register_generator(generate)
-
-
-_register()

@@ -27,14 +27,14 @@ a family cannot be a move inside a triton search (a Design renders one backend's
 engine offers both by searching the region on both backends (`--backend auto`) and integrating
 the faster winner; see the issue-13 report.
 
-Import this module to register the generator (search/codegen/__init__.py lists it).
+`generate` is listed in search/codegen/__init__.py.
 """
 from __future__ import annotations
 
 import threading
 
 from kforge_tui.regions.task import Task
-from kforge_tui.search import designs, inductor_seed
+from kforge_tui.search import inductor_seed
 
 POW2 = tuple(1 << i for i in range(0, 13))  # 1..4096
 RBLOCKS = tuple(1 << i for i in range(4, 15))  # 16..16384
@@ -182,5 +182,3 @@ def generate(task: Task) -> list:
         _CACHE[task.key] = out
     return out
 
-
-designs.register_generator(generate)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kforge_tui.search.families import Family, register
+from kforge_tui.search.families.base import Family, register
 from kforge_tui.search.families._common import ELEM_BYTES, cpu_head, cuda_head, entry, fill
 from kforge_tui.regions.patterns import OpTask
 from kforge_tui.regions import patterns

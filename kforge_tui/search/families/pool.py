@@ -14,7 +14,7 @@ cpu:
 """
 from __future__ import annotations
 
-from kforge_tui.search.families import Family, register
+from kforge_tui.search.families.base import Family, register
 from kforge_tui.search.families._common import ELEM_BYTES, cpu_head, cuda_head, entry, fill
 from kforge_tui.regions.patterns import OpTask
 from kforge_tui.regions import patterns

@@ -23,7 +23,7 @@ cpu:
 """
 from __future__ import annotations
 
-from kforge_tui.search.families import Family, register
+from kforge_tui.search.families.base import Family, register
 from kforge_tui.search.families._common import (CUDA_COOP_SPLIT, ELEM_BYTES, KEEP_KB, MAX_KEEP_KB, cdiv,
                                                 cpu_head, cuda_head, entry, fill, keep_for, keep_sweeps,
                                                 pow2_at_most)

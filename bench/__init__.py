@@ -1,0 +1,1 @@
+"""kforge-tui's benchmark tool: `python -m bench --help` lists the steps (bench/steps/)."""

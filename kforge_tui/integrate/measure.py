@@ -1,0 +1,205 @@
+"""Whole-model timing: how the end-to-end check and the keep/drop decision measure forwards.
+
+Two clocks, reported side by side (issue 26), both alternating the compared forwards so drift in
+clocks or load hits all of them alike:
+
+  * latency: one synchronised forward at a time, wall clock (what a single request waits);
+  * throughput: back-to-back forwards in blocks, each bracketed by CUDA events and never
+    synchronised inside the block (what a serving loop sees, and what triton's do_bench
+    measures): the host runs ahead as far as the model lets it, so a host-bound model reads
+    its host time and a device-bound one its device time. On the CPU both are wall clock.
+
+The decision uses throughput (`DECISION_CLOCK`). `do_bench` (triton, when present) of the same
+forwards is taken too, as a cross-check of the throughput clock.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+
+DECISION_CLOCK = "throughput"
+# Above this spread ((p90 - p10) / median) of any side, a report's forwards are timed again, up
+# to NOISY_ROUNDS rounds in all; still above it, the report says the figure is noisy.
+NOISY_SPREAD = 0.2
+NOISY_ROUNDS = 3
+
+
+def spread(xs: list[float]) -> float:
+    """(p90 - p10) / median, reported next to each median so noise is visible."""
+    if len(xs) < 2:
+        return 0.0
+    s = sorted(xs)
+    p = lambda q: s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]  # noqa: E731
+    m = statistics.median(s)
+    return (p(0.9) - p(0.1)) / m if m else 0.0
+
+
+@dataclass
+class Samples:
+    """Per-forward times (ms) of each compared forward, in the order they were taken."""
+
+    clock: str
+    times: dict[str, list[float]] = field(default_factory=dict)
+    blocks: dict[str, list[float]] = field(default_factory=dict)  # per round: median of its block
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.times[name])
+
+    def spread(self, name: str) -> float:
+        return spread(self.times[name])
+
+    def summary(self) -> dict:
+        return {name: {"median_ms": self.median(name), "spread": self.spread(name),
+                       "n": len(self.times[name])} for name in self.times}
+
+
+def _call(fn, inputs):
+    return fn(**inputs) if isinstance(inputs, dict) else fn(*inputs)
+
+
+def _sync(device_type: str) -> None:
+    if device_type == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _noisy(s: Samples) -> bool:
+    return max(spread(v) for v in s.times.values()) > NOISY_SPREAD
+
+
+def latency(fns: dict, inputs, device_type: str, *, iters: int = 20, warmup: int = 3,
+            max_rounds: int = NOISY_ROUNDS) -> Samples:
+    """Wall time of one synchronised forward of each fn, alternated one by one; more rounds of
+    `iters` while any side's spread is above NOISY_SPREAD (up to `max_rounds` in all)."""
+    import torch
+
+    out = Samples("latency", {k: [] for k in fns})
+    with torch.inference_mode():
+        for rnd in range(max_rounds):
+            if rnd and not _noisy(out):
+                break
+            for i in range((0 if rnd else warmup) + iters):
+                for name, fn in fns.items():
+                    _sync(device_type)
+                    t0 = time.perf_counter()
+                    _call(fn, inputs)
+                    _sync(device_type)
+                    if rnd or i >= warmup:
+                        out.times[name].append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def throughput(fns: dict, inputs, device_type: str, *, rounds: int = 12, block: int = 8,
+               warmup: int = 2, max_rounds: int = 1) -> Samples:
+    """Per-forward time of each fn in blocks of `block` back-to-back forwards (cuda events
+    around each forward, one synchronisation per block), blocks alternated between fns; with
+    max_rounds > 1, more rounds while any side is noisy (as latency)."""
+    import torch
+
+    out = Samples("throughput", {k: [] for k in fns}, {k: [] for k in fns})
+    with torch.inference_mode():
+        for r in range(warmup + rounds * max_rounds):
+            if r >= warmup + rounds and (r - warmup) % rounds == 0 and not _noisy(out):
+                break
+            for name, fn in fns.items():
+                _sync(device_type)
+                if device_type == "cuda":
+                    ev = [torch.cuda.Event(enable_timing=True) for _ in range(block + 1)]
+                    ev[0].record()
+                    for j in range(block):
+                        _call(fn, inputs)
+                        ev[j + 1].record()
+                    ev[-1].synchronize()
+                    ts = [ev[j].elapsed_time(ev[j + 1]) for j in range(block)]
+                else:
+                    ts, t0 = [], time.perf_counter()
+                    for _ in range(block):
+                        _call(fn, inputs)
+                        t1 = time.perf_counter()
+                        ts.append((t1 - t0) * 1e3)
+                        t0 = t1
+                if r >= warmup:
+                    out.times[name].extend(ts)
+                    out.blocks[name].append(statistics.median(ts))
+    return out
+
+
+def do_bench(fns: dict, inputs, device_type: str) -> dict | None:
+    """triton.testing.do_bench median (ms) of each fn: the reference harness our throughput
+    clock is checked against. None without a GPU or triton."""
+    if device_type != "cuda":
+        return None
+    try:
+        import torch
+        from triton.testing import do_bench as _db
+    except Exception:  # noqa: BLE001 - triton missing: no cross-check, said so in the report
+        return None
+    runs: dict[str, list[float]] = {k: [] for k in fns}
+    with torch.inference_mode():  # twice, in opposite orders: drift over the runs hits both ends
+        for order in (list(fns), list(reversed(list(fns)))):
+            for name in order:
+                runs[name].append(float(_db(lambda fn=fns[name]: _call(fn, inputs), warmup=50, rep=200,
+                                            return_mode="median")))
+    return {k: statistics.median(v) for k, v in runs.items()}
+
+
+@dataclass
+class Verdict:
+    """Is `trial` faster than `current`, beyond the noise of these measurements?"""
+
+    faster: bool
+    ratio: float  # median over rounds of current / trial (> 1: trial is faster)
+    wins: int  # rounds in which trial was faster
+    rounds: int
+    why: str
+
+
+MIN_GAIN = 0.005  # below half a percent a kernel is not worth a custom op in the graph
+MIN_T = 3.0
+
+
+def compare_blocks(s: Samples, current: str, trial: str) -> Verdict:
+    """Paired rounds (each round times a block of each, back to back): the trial wins when its
+    median gain is over MIN_GAIN, a sign test over the rounds says it is not chance (at least
+    the count a fair coin reaches with probability under 5 %) and the mean log ratio is
+    MIN_T standard errors above zero (a few large wins among many losses do not pass)."""
+    a, b = s.blocks.get(current) or s.times[current], s.blocks.get(trial) or s.times[trial]
+    n = min(len(a), len(b))
+    ratios = [a[i] / b[i] for i in range(n) if b[i] > 0]
+    if not ratios:
+        return Verdict(False, 1.0, 0, 0, "no paired measurement")
+    wins = sum(1 for r in ratios if r > 1.0)
+    med = statistics.median(ratios)
+    need = _sign_test_threshold(len(ratios))
+    if med - 1.0 <= MIN_GAIN:
+        return Verdict(False, med, wins, len(ratios),
+                       f"{(med - 1) * 100:+.1f} % on the whole forward (needs > {MIN_GAIN * 100:.1f} %)")
+    if wins < need:
+        return Verdict(False, med, wins, len(ratios),
+                       f"{(med - 1) * 100:+.1f} % but faster in only {wins} of {len(ratios)} rounds "
+                       f"(noise; needs {need})")
+    logs = [math.log(r) for r in ratios]
+    se = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else float("inf")
+    t = statistics.mean(logs) / se if se > 0 else float("inf")
+    if t < MIN_T:
+        return Verdict(False, med, wins, len(ratios),
+                       f"{(med - 1) * 100:+.1f} % but within the noise of the rounds "
+                       f"({t:.1f} standard errors; needs {MIN_T:g})")
+    return Verdict(True, med, wins, len(ratios),
+                   f"{(med - 1) * 100:+.1f} % on the whole forward, faster in {wins} of {len(ratios)} rounds")
+
+
+def _sign_test_threshold(n: int, alpha: float = 0.05) -> int:
+    """Smallest k with P(X >= k) < alpha for X ~ Binomial(n, 1/2)."""
+    from math import comb
+
+    total = 2 ** n
+    tail = 0
+    for k in range(n, -1, -1):
+        tail += comb(n, k)
+        if tail / total >= alpha:
+            return k + 1
+    return n + 1

@@ -1,0 +1,66 @@
+"""bench/ is one tool: `python -m bench --help` lists every step, fast, and each step module keeps
+the contract of bench/steps/__init__.py. (The steps themselves are measurements: they run on
+demand, with `--small` for a dry run, not in the suite.)"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import report  # noqa: E402
+from bench.steps import STEPS, load  # noqa: E402
+from bench.steps.throughput import summary  # noqa: E402
+
+
+def _bench(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_help_lists_every_step_without_importing_torch():
+    r = _bench("--help")
+    assert r.returncode == 0, r.stderr
+    for name in STEPS:
+        assert f"  {name} " in r.stdout, name
+    code = ("import sys, runpy; sys.argv = ['bench', '--help']\ntry:\n    runpy.run_module('bench', run_name='__main__')\n"
+            "except SystemExit:\n    pass\nprint('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip().splitlines()[-1] == "False", r.stdout[-500:]
+
+
+def test_every_step_module_is_registered_and_keeps_the_contract():
+    modules = {p.stem.replace("_", "-") for p in (ROOT / "bench" / "steps").glob("*.py") if not p.stem.startswith("_")}
+    assert modules == set(STEPS)
+    for name in STEPS:
+        m = load(name)
+        assert isinstance(m.HELP, str) and m.HELP and callable(m.run), name
+        assert m.__doc__ and m.__doc__.startswith(f"{name}:"), name
+
+
+def test_unwritten_and_unknown_steps_are_usage_errors():
+    r = _bench("op-overhead", "--device", "cpu", "--out", "/tmp/kforge_bench_test")
+    assert r.returncode == 2 and "not yet written" in r.stderr
+    r = _bench("no-such-step", "--device", "cpu")
+    assert r.returncode == 2 and "unknown step" in r.stderr
+
+
+def test_tables_render_as_markdown_with_their_record():
+    t = report.Table(["a", "b"], [{"a": 1.23456, "b": "x|y"}, {"a": None}], ["a note"])
+    rec = {"date": "2026-12-01 00:00 UTC", "command": "python -m bench x",
+           "machine": {"cpu": "cpu", "cpus": 2, "torch": "2.13", "git": "abc"}}
+    text = report.render("x", t, rec)
+    assert "| 1.23 | x\\|y |" in text and "| - | - |" in text and text.endswith("a note")
+    assert "`python -m bench x`" in text
+
+
+def test_throughput_reads_the_scripts_summary_line():
+    line = ("| backend cpu | shape 256,1024 | n 20 | ok 20 | cand/min 72.5 | latency med 11.50 s | "
+            "compile med 0.90 s | verify med 0.16 s | time med 0.38 s |")
+    got = summary("noise\n" + line + "\n")
+    assert got["cand/min"] == 72.5 and got["n"] == 20 and got["latency med s"] == 11.5
+    assert got["backend"] == "cpu" and got["shape"] == "256,1024"
+    # the line the step reads is the one bench/eval_throughput.py prints
+    assert 'print(f"| backend {args.backend} | shape {args.shape}' in (ROOT / "bench" / "eval_throughput.py").read_text()
