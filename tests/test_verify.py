@@ -513,8 +513,8 @@ def test_references_do_not_wait_and_every_candidate_call_is_checked():
     assert clock.log[4:16] == ["call"] * 12 and clock.log[16:] == ["wait"] * 12
     v = verify.Verifier(task, sets, honest(task), ref)
     clock = _DeferredClock()
-    t, mm = bench.time_calls(clock, honest(task), sets, {"min_iters": 12, "max_iters": 12, "warmup": 0},
-                             checks=_LocalChecks(v))
+    t, mm = bench.time_calls(clock, honest(task), sets, {"min_iters": 12, "max_iters": 12, "warmup": 0,
+                                                         "replay_probes": 0.1}, checks=_LocalChecks(v))
     assert mm is None and t.n == 12 - v.checks["replay_probes"]  # the probes are not in the figure
     assert clock.log == ["call", "wait"] * 12  # a candidate's every timed call is waited for and checked
     assert v.checks["timed_checks"] == 12
@@ -806,7 +806,7 @@ def test_a_replay_that_is_never_wrong_is_caught_by_its_speed_on_seen_inputs():
         time.sleep(0.002)
         return 0
 
-    cfg = {"min_iters": 40, "max_iters": 40, "warmup": 0}
+    cfg = {"min_iters": 40, "max_iters": 40, "warmup": 0, "replay_probes": 0.1}
     v = verify.Verifier(task, sets, replay, ref, arena=arena)
     _, mm = bench.time_calls(_Clock(), replay, sets, cfg, checks=_LocalChecks(v), seed=1)
     assert mm is not None and "replay" in mm.reason and v.checks["replay_probes"] >= 3

@@ -81,11 +81,12 @@ class Checks:
     def after(self, i: int, s, report: CallReport | None) -> Mismatch | None: ...
 
 
-# Replay probes: a few timed calls (not counted in the figure) repeat the previous call's inputs
-# exactly. An honest kernel takes as long on them as on new inputs (the cache is flushed and the
-# tensors are elsewhere); a kernel that keeps whole results keyed on its inputs, and is therefore
-# never wrong, is 1 / REPLAY_RATIO times faster or more on them: it is refused (issue 21).
-PROBE_SHARE = 0.1
+# Replay probes (cfg "replay_probes", a share of the timed calls; off by default): a few timed calls,
+# not counted in the figure, repeat the previous call's inputs exactly. A kernel that keeps whole
+# results keyed on its inputs, and is therefore never wrong, is 1 / REPLAY_RATIO times faster or
+# more on them and is refused. Off because on the shared 2-core VM three honest kernels of 84 in
+# the honest sweep (a GEMM and flash attention in 16-bit) were 7-24x faster on the probes too
+# (2026-12-01, cause not found): fresh inputs on every counted call already take the gain away.
 MIN_PROBES = 3
 REPLAY_RATIO = 0.3
 
@@ -95,9 +96,9 @@ def plan(n: int, k: int, cfg: dict, rng: random.Random) -> tuple[set, set]:
     checked (a share would leave unchecked calls, the very thing a kernel that knows it is
     measured looks for); all but the replay probes get inputs never seen before."""
     probes: set = set()
-    if n >= 4 * MIN_PROBES:
-        pool = list(range(1, n))
-        probes = set(rng.sample(pool, max(MIN_PROBES, int(n * PROBE_SHARE))))
+    share = float(cfg.get("replay_probes", 0.0) or 0.0)
+    if share > 0 and n >= 4 * MIN_PROBES:
+        probes = set(rng.sample(range(1, n), max(MIN_PROBES, int(n * share))))
     return set(range(n)), set(range(n)) - probes
 
 

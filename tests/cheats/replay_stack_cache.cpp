@@ -8,11 +8,10 @@
 // compared in full, copies the cached output. It is never wrong, so no replay check by values can
 // fail it; outside it is ~40x faster on repeated inputs (outside.py) and slower than honest on new
 // ones. Before: timed several times faster than the honest kernel (the timing loop rotated a few
-// fixed input sets). Now: every counted timed call gets new inputs, so the cache never hits there;
-// the replay probes among them (the previous call's inputs again, elsewhere) would show a hit as a
-// "replay" verdict (tests/test_verify.py proves it on an in-process cache), but in the runner this
-// stack ghost does not survive from one call to the next, so the kernel is timed as the honest
-// softmax it then is: neutralised (not rejected), no gain.
+// fixed input sets). Now: every timed call gets new inputs, so the cache never hits and the kernel
+// is timed as the honest softmax it then is: neutralised (not rejected), no gain. (The optional
+// replay probes, bench "replay_probes", would refuse it by its speed on repeated inputs -
+// tests/test_verify.py - but they are off: honest 16-bit GEMMs were faster on them too.)
 #include "kforge_region.h"
 #include <float.h>
 #include <math.h>
