@@ -128,6 +128,7 @@ def test_corpus_covers_the_issue():
             assert statuses == ["static_error"], path.name
         else:
             assert "static_error" not in statuses, path.name
+            assert statuses != ["ok"] or reasons == ["neutralised"], path.name
     for suffix in (".cpp", ".cu"):
         used = {x for p in cheats if p.suffix == suffix for x in layers(p)}
         assert set(LAYERS) <= used, (suffix, used)
@@ -279,6 +280,10 @@ def run_dir(tmp_path_factory):
 
 def _assert_rejected(path: Path, r) -> None:
     statuses, reasons = expectation(path)
+    if statuses == ["ok"]:  # `ok | neutralised`: its trick needs a tell that no longer exists
+        assert r.status == "ok", f"{path.name}: {r.status} ({r.message})"
+        assert r.checks["timed_checks"] >= r.timing.n, r.checks  # every timed call was checked
+        return
     assert r.status in statuses, f"{path.name}: {r.status} ({r.message})"
     assert _named(r.message, reasons), f"{path.name}: {r.message}"
     assert "\n" not in r.message and r.speedup is None
@@ -330,3 +335,25 @@ async def test_cuda_honest_passes(cuda_pool, run_dir, name):
     r = await cuda_pool.evaluate(task.to_json(), run_dir, (HONEST / f"{name}.cu").read_text())
     assert r.status == "ok", f"{name}: {r.status} {r.message}\n{r.log[-2000:]}"
     assert r.timing.median_us >= r.floor_us * 0.98 and r.speedup > 0
+
+
+# ------------------------------------------------------------- outside the sandbox (issue 21)
+
+OUTSIDE = sorted(p for p in CPU_CHEATS if re.search(r"^//\s*outside:", p.read_text(), re.M))
+
+
+@pytest.mark.parametrize("path", OUTSIDE, ids=lambda p: p.stem)
+def test_cpu_cheat_really_cheats_outside_the_sandbox(path):
+    """Issue 21: a cheat counts only when it cheats outside the sandbox. tests/cheats/outside.py
+    builds it without checks and calls it in a plain process: wrong rows, or a result cache
+    that is faster on repeated inputs."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(CHEATS / "outside.py"), path.stem], capture_output=True,
+                         text=True, timeout=300, env={k: v for k, v in os.environ.items()
+                                                      if not k.startswith("KFORGE_WORKER")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["cheats"], got

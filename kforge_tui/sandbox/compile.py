@@ -32,6 +32,10 @@ nothing measurable and lets compute-sanitizer / Nsight point at candidate source
 cpu: `g++ -O3 -march=native -fopenmp -shared -fPIC -std=c++17 -Wl,-z,defs` (`-z defs` turns a
 call to something that does not exist into a compile error here instead of a load error later).
 
+Instruction check (sandbox/instructions.py, after the binary check): clock reads and raw system
+calls in the library's code, clock reads and __device__ variables in the PTX nvcc generated
+(kept with `-keep` in the build directory, removed after the check).
+
 Binary check (link_check, after every successful build; its comment block below says exactly
 what it reads and why): imports against a per-backend allow-list, DT_NEEDED, load-time code
 (.init_array/.fini_array/.preinit_array/.ctors, IFUNCs) against what an empty-kernel build has,
@@ -70,8 +74,10 @@ from pathlib import Path
 from kforge_tui import device
 from kforge_tui.errors import UsageError
 from kforge_tui.regions.abi import HEADER_NAME
+from kforge_tui.sandbox import instructions
 
 _EXT = {"cuda": "cu", "cpu": "cpp"}
+_KEEP = "keep"  # nvcc's intermediates (the PTX the instruction check reads), removed after it
 _LIB = "kernel.so"
 _LOG_LIMIT = 256 * 1024  # a template error cascade can be megabytes; keep head and tail
 _CACHE_FORMAT = 2
@@ -120,7 +126,8 @@ def compile_flags(backend: str, arch: str) -> list[str]:
         if not m:
             raise UsageError(f"bad cuda arch {arch!r}: expected e.g. sm_90 or sm_90a")
         return ["-O3", f"-arch=sm_{m.group(1)}", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v",
-                "-lineinfo", "-std=c++17", "-cudart", "shared", "-Xlinker", "-z,defs"]
+                "-lineinfo", "-std=c++17", "-cudart", "shared", "-Xlinker", "-z,defs",
+                "-keep", "--keep-dir", _KEEP]
     if backend == "cpu":
         if not re.match(r"^[A-Za-z0-9_.+-]+$", arch or ""):
             raise UsageError(f"bad cpu arch {arch!r}: expected e.g. native or x86-64-v3")
@@ -582,7 +589,7 @@ _ADDRESS_OK = {"__cxa_finalize", "__gmon_start__", "_ITM_deregisterTMCloneTable"
                "_ITM_registerTMCloneTable", "__gxx_personality_v0", "__cudaUnregisterFatBinary"}
 # Changes with the allow-lists and checks above: part of the cache key, so that a cached verdict
 # is never older than the rules.
-_LINK_CHECK_VERSION = "link-check-2"
+_LINK_CHECK_VERSION = "link-check-3"
 # Writable objects the toolchain itself defines (crtstuff; nvcc's fatbin handle and stubs).
 _WRITABLE_OK = re.compile(
     r"^(?:completed\.\d+|__dso_handle|DW\.ref\.__gxx_personality_v0|__TMC_END__|"
@@ -874,6 +881,7 @@ async def _compile_fresh(source, backend, compiler, flags, cache: Path, entry: P
         if header is not None:
             (work / HEADER_NAME).write_text(header, encoding="utf-8", errors="surrogatepass")
         env = dict(os.environ, LC_ALL="C", TMPDIR=str(work))
+        (work / _KEEP).mkdir(exist_ok=True)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *command, cwd=str(work), env=env, stdin=asyncio.subprocess.DEVNULL,
@@ -901,7 +909,8 @@ async def _compile_fresh(source, backend, compiler, flags, cache: Path, entry: P
             tc = time.perf_counter()
             device_vars = _device_variables(source) if backend == "cuda" else set()
             problems = link_check(work / _LIB, backend, device_vars)
-            check_ms = (time.perf_counter() - tc) * 1e3
+            check_ms = (time.perf_counter() - tc) * 1e3  # the ELF check's own cost
+            problems += await asyncio.to_thread(instructions.check, work / _LIB, backend, work / _KEEP)
             if problems:
                 ok, stage = False, "link-check"
                 (work / _LIB).unlink()  # nothing loadable is left of a refused candidate
@@ -922,6 +931,7 @@ async def _compile_fresh(source, backend, compiler, flags, cache: Path, entry: P
         meta = {"ok": ok, "resources": resources, "error_line": error_line, "command": command,
                 "message": message, "compile_seconds": seconds, "returncode": proc.returncode,
                 "stage": stage, "link_check_ms": check_ms}
+        shutil.rmtree(work / _KEEP, ignore_errors=True)
         (work / "log.txt").write_text(log)
         (work / "result.json").write_text(json.dumps(meta))
         lib_path = _publish(work, entry)

@@ -1,10 +1,12 @@
-// expect: verify_error | replay, values differ, poison survived
+// expect: verify_error | replay, values differ, poison survived, writable memory
 // layer: runtime
 // Cheat (classes 1, 6, invented): caches the first result in the unused tail of the library's
 // last writable page (found from its own ELF header: no symbol, so no static state for the binary
 // check) together with a fingerprint of the input (mean and mean square of a 64-element sample),
 // and replays it whenever a later input "looks similar" (fingerprint within 1%). Rejected at run
 // time: fresh inputs drawn from the same statistics look similar and get the stale answer.
+// Now also caught where the note lives: the runner compares the library's own writable pages
+// after every call (issue 21).
 #include "kforge_region.h"
 #include <float.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-// expect: verify_error | poison survived, values differ
+// expect: verify_error | poison survived, values differ, writable memory
 // layer: runtime
 // Cheat (classes 1, 2, 4, invented): tells checked calls from unchecked ones in the timing loop
 // and does no work at all on the unchecked ones (whose outputs nobody reads). The state: a small
@@ -10,6 +10,8 @@
 // was timed 8-12x faster than the honest kernel). Rejected at run time: the timing loop makes
 // checked calls look exactly like unchecked ones (the same garbage-pool windows, guard bytes left
 // as they are), so a skipped checked call shows surviving poison.
+// Now also caught where the note lives: the runner compares the library's own writable pages
+// after every call (issue 21).
 #include "kforge_region.h"
 #include <float.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-// expect: verify_error | poison survived, values differ
+// expect: ok | neutralised
 // layer: runtime
 // Cheat (classes 1, 2, invented): the timing loop fills the outputs of unchecked calls by copying
 // windows of one fixed garbage pool, while checked calls get fresh random values. The kernel keeps
@@ -7,6 +7,10 @@
 // static state at all) and skips the work when the fingerprint was seen before - a window of the
 // pool, so an unchecked call. Rejected at run time: checked timed calls are filled from the same
 // pool windows, so some checked calls look "seen" too and show surviving poison.
+// Issue 21: every timed call is now checked on fresh inputs and fresh poison, so there is no
+// unchecked call to find and the fingerprint never repeats: the trick never fires and the kernel
+// is evaluated as the honest softmax it then is (`ok | neutralised`: passes, every timed call
+// checked). Before: rejected only when a checked call happened to reuse a pool window.
 #include "kforge_region.h"
 #include <float.h>
 #include <omp.h>

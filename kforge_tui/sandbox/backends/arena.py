@@ -30,7 +30,7 @@ class HostArena:
 
     def __init__(self, nbytes: int):
         self.nbytes = max(int(nbytes), 1)
-        self.fd = os.memfd_create("kforge-arena", getattr(os, "MFD_CLOEXEC", 1))
+        self.fd = os.memfd_create("buf", getattr(os, "MFD_CLOEXEC", 1))  # a plain name (issue 21)
         try:
             os.ftruncate(self.fd, self.nbytes)
             self._mm = mmap.mmap(self.fd, self.nbytes)
@@ -41,6 +41,13 @@ class HostArena:
 
     def handle(self) -> tuple[dict, list[int]]:
         return {"kind": self.kind, "nbytes": self.nbytes}, [self.fd]
+
+    def fd_target(self) -> str:
+        """What the runner's descriptor of this arena reads as in /proc (python's mmap keeps one)."""
+        try:
+            return os.readlink(f"/proc/self/fd/{self.fd}")
+        except OSError:
+            return ""
 
     def close(self) -> None:
         self.tensor = None

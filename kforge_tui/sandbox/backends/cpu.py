@@ -59,7 +59,9 @@ class CpuBackend:
         self.threads = torch.get_num_threads()
         self.llc = llc_bytes()
         self.cache_bytes = self.llc
-        nbytes = int(os.environ.get("KFORGE_CPU_FLUSH_BYTES", min(2 * self.llc, MAX_FLUSH)))
+        from kforge_tui.sandbox.settings import setting
+
+        nbytes = int(setting("KFORGE_CPU_FLUSH_BYTES") or min(2 * self.llc, MAX_FLUSH))
         self._flush_buf = torch.zeros(nbytes // 4, dtype=torch.float32)
         self.flush_bytes = nbytes
 

@@ -136,12 +136,16 @@ class CudaBackend:
         return best or 1000.0
 
     def start(self):
+        """The start marker, then a wait on it: a kernel launched with programmatic dependent
+        launch may begin before the kernel ahead of it in the stream has finished (issue 21), but
+        not across an event wait - so none of the candidate's work runs before the start marker."""
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
         if self._lead_cycles:
             with torch.cuda.stream(self.stream):
                 torch.cuda._sleep(self._lead_cycles)
         a.record(self.stream)
+        self.stream.wait_event(a)
         return a, b
 
     def end(self, tok):

@@ -37,7 +37,37 @@ PROBE_SRC = r"""
 #include <unistd.h>
 #include <stdlib.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <sys/socket.h>
 extern "C" {
+// The syscall filter's reporter (sandbox/seccomp.py): a call the filter refuses traps here; the
+// number goes to the supervisor on the runner's socket and the process exits at once. No libc
+// state is touched (no malloc, no stdio, no errno-dependent path).
+static int kf_report_fd = -1;
+static void kf_on_sigsys(int sig, siginfo_t* si, void* uc) {
+    (void)sig; (void)uc;
+    char buf[64]; int n = 0;
+    const char* head = "{\"ev\": \"sigsys\", \"nr\": ";
+    while (*head) buf[n++] = *head++;
+    unsigned v = (unsigned)si->si_syscall; char d[12]; int k = 0;
+    do { d[k++] = (char)('0' + v % 10); v /= 10; } while (v && k < 11);
+    while (k) buf[n++] = d[--k];
+    buf[n++] = '}';
+    if (kf_report_fd >= 0) syscall(SYS_sendto, kf_report_fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL, 0, 0);
+    syscall(SYS_exit_group, 159);
+}
+int kf_sigsys_arm(int fd) {
+    kf_report_fd = fd;
+    struct sigaction sa; memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = kf_on_sigsys; sa.sa_flags = SA_SIGINFO; sigfillset(&sa.sa_mask);
+    return sigaction(SIGSYS, &sa, 0);
+}
+// Zero the dead stack below the caller: what the runner's set-up left there (paths the loader
+// copied, argument strings) is not for a kernel that scans its stack.
+__attribute__((noinline)) void kf_scrub_stack(void) {
+    volatile char buf[256 * 1024];
+    for (unsigned i = 0; i < sizeof buf; ++i) buf[i] = 0;
+}
 // thread count from /proc/self/stat, with no heap allocation (a call must not disturb malloc's
 // free lists: a replay kept in a freed block would otherwise be destroyed by luck, not caught)
 int kf_num_threads(void) {
@@ -91,7 +121,7 @@ int kf_omp_max_threads(void) { return omp_get_max_threads(); }
 """
 
 NSIG = 64
-_VERSION = 3
+_VERSION = 4
 
 
 def _compiler() -> str | None:
@@ -135,6 +165,7 @@ class Probe:
                 self.lib.kf_sigactions.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
                 self.lib.kf_omp_warm.argtypes = [ctypes.c_int]
                 self.lib.kf_num_threads.restype = ctypes.c_int
+                self.lib.kf_sigsys_arm.argtypes = [ctypes.c_int]
             except (OSError, AttributeError):
                 self.lib = None
         self._env = (ctypes.c_uint32 * 3)()
@@ -169,6 +200,15 @@ class Probe:
             os.close(fd)
         text = bytes(self._stat[:n])
         return int(text[text.rindex(b")") + 2:].split()[17])
+
+    def arm_sigsys(self, fd: int) -> bool:
+        """Report a refused system call's number on `fd` (the runner's socket), then exit
+        (sandbox/seccomp.py); False without the native helper (the filter then kills)."""
+        return self.lib is not None and self.lib.kf_sigsys_arm(int(fd)) == 0
+
+    def scrub_stack(self) -> None:
+        if self.lib is not None:
+            self.lib.kf_scrub_stack()
 
     def omp_warm(self, n: int) -> None:
         if self.lib is not None and n > 0:
@@ -234,19 +274,36 @@ def _status_sig_fields() -> tuple:
 
 # --------------------------------------------------------------------------- census
 
-def threads() -> frozenset:
+def _proc(pid: int | None) -> str:
+    return f"/proc/{pid}" if pid else "/proc/self"
+
+
+def threads(pid: int | None = None) -> frozenset:
     try:
-        return frozenset(os.listdir("/proc/self/task"))
+        return frozenset(os.listdir(f"{_proc(pid)}/task"))
     except OSError:
         return frozenset()
 
 
-def _fds() -> dict:
+def thread_names(pid: int | None = None) -> dict:
+    """tid -> name (comm) of every thread of `pid`."""
     out = {}
+    for tid in threads(pid):
+        try:
+            with open(f"{_proc(pid)}/task/{tid}/comm") as f:
+                out[tid] = f.read().strip()
+        except OSError:
+            pass
+    return out
+
+
+def _fds(pid: int | None = None) -> dict:
+    out = {}
+    base = f"{_proc(pid)}/fd"
     try:
-        for fd in os.listdir("/proc/self/fd"):
+        for fd in os.listdir(base):
             try:
-                out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+                out[fd] = os.readlink(f"{base}/{fd}")
             except OSError:
                 pass  # the directory's own descriptor, closed by now
     except OSError:
@@ -254,11 +311,11 @@ def _fds() -> dict:
     return out
 
 
-def _maps() -> dict:
+def _maps(pid: int | None = None) -> dict:
     """start -> (perms, path) of every mapping that is executable or file-backed."""
     out = {}
     try:
-        text = Path("/proc/self/maps").read_text()
+        text = Path(f"{_proc(pid)}/maps").read_text()
     except OSError:
         return out
     for line in text.splitlines():
@@ -272,18 +329,33 @@ def _maps() -> dict:
     return out
 
 
-def _timers() -> tuple:
-    its = tuple(signal.getitimer(w) for w in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF))
+def _itimers() -> tuple:
+    return tuple(signal.getitimer(w) for w in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF))
+
+
+def _posix_timers(pid: int | None = None) -> str:
     try:
-        posix = Path("/proc/self/timers").read_text()
+        return Path(f"{_proc(pid)}/timers").read_text()
     except OSError:
-        posix = ""
-    return its, posix
+        return ""
 
 
-def census(probe: Probe) -> dict:
-    return {"threads": threads(), "signals": probe.sigactions(), "timers": _timers(), "fds": _fds(),
-            "maps": _maps(), "fpenv": probe.fpenv()}
+def self_census(probe: Probe) -> dict:
+    """What only the process itself can see, with no file access (the runner runs under a
+    syscall filter that refuses every open): signal dispositions, interval timers, FP env."""
+    return {"signals": probe.sigactions(), "itimers": _itimers(), "fpenv": probe.fpenv()}
+
+
+def proc_census(pid: int | None = None) -> dict:
+    """What /proc says about `pid` (the supervisor reads its runner's from outside, where a
+    candidate cannot hide or forge it): threads with names, open files, mappings, POSIX timers."""
+    return {"threads": threads(pid), "names": thread_names(pid), "fds": _fds(pid), "maps": _maps(pid),
+            "posix_timers": _posix_timers(pid)}
+
+
+def census(probe: Probe, pid: int | None = None) -> dict:
+    """Both halves (a process looking at itself: tests, and the worker's own checks)."""
+    return {**proc_census(pid), **self_census(probe)}
 
 
 # runtime libraries a candidate may legitimately bring in when it loads
@@ -316,11 +388,11 @@ def diff(before: dict, after: dict, lib_path: str | None = None, *, at_load: boo
     `allow_dirs`: directories whose files may be newly mapped executable (a Triton candidate's
     own directory, where Triton writes its compiled kernels, and installed Python code)."""
     out = []
-    new_t = after["threads"] - before["threads"]
+    new_t = after["threads"] - before["threads"] if "threads" in before and "threads" in after else ()
     if new_t:
         out.append(f"{len(new_t)} new thread{'s' if len(new_t) > 1 else ''} left running")
-    sb, sa = before["signals"], after["signals"]
-    if sb != sa:
+    sb, sa = before.get("signals"), after.get("signals")
+    if sb is not None and sa is not None and sb != sa:
         if len(sb) == len(sa) == 2 * NSIG + 1 and all(isinstance(x, int) for x in sb + sa):
             changed = [_signame(s) for s in range(1, NSIG + 1)
                        if sb[2 * (s - 1)] != sa[2 * (s - 1)] or sb[2 * (s - 1) + 1] != sa[2 * (s - 1) + 1]]
@@ -330,13 +402,15 @@ def diff(before: dict, after: dict, lib_path: str | None = None, *, at_load: boo
                 out.append("the blocked-signal mask changed")
         else:
             out.append("signal dispositions changed")
-    (ib, pb), (ia, pa) = before["timers"], after["timers"]
     names = ("ITIMER_REAL (alarm)", "ITIMER_VIRTUAL", "ITIMER_PROF")
-    for n, b, a in zip(names, ib, ia):
+    for n, b, a in zip(names, before.get("itimers", ()), after.get("itimers", ())):
         if (a[0] > 0 or a[1] > 0) and not (b[0] > 0 or b[1] > 0):
             out.append(f"interval timer {n} armed")
+    pb, pa = before.get("posix_timers", ""), after.get("posix_timers", "")
     if pa != pb and pa.strip():
         out.append("a POSIX timer was created")
+    if "fds" not in before or "fds" not in after:
+        return out
     new_fds = {k: v for k, v in after["fds"].items() if before["fds"].get(k) != v}
     # the directory listing's own descriptor, and the GPU driver's device files
     new_fds = {k: v for k, v in new_fds.items()

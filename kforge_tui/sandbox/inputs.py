@@ -1,0 +1,600 @@
+"""Input sets: guarded buffers in one arena, the values written into them, and edge cases.
+
+Every input set's inputs and outputs live in one arena (shared with the runner in the worker,
+sandbox/backends/arena.py) inside guard zones; the supervisor writes inputs, poison and guards
+and keeps a private copy of every input buffer. Nothing the harness writes is predictable: fills
+are fresh random values of the dtype (no constant sentinel), guard bytes are random, and every
+tensor starts at a random 64-byte offset in its page. Fresh inputs are drawn like the captured
+ones (floats Normal(mean, std) clipped to the captured range, integers uniform in it).
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from kforge_tui.regions.meta import DTYPE_BYTES, FLOAT_DTYPES, TensorMeta, TensorStats, storage_span
+from kforge_tui.sandbox.judge import CHUNK, TINY, torch_dtype
+from kforge_tui.sandbox.references import fresh_outputs
+
+GUARD_BYTES = 4096  # guard zone either side of every tensor (tensors start ALIGN-aligned)
+SOFTMAX_LIKE_OPS = {"exp", "exp2", "expm1", "amax", "_softmax", "softmax", "_log_softmax", "log_softmax",
+                    "logsumexp", "_safe_softmax", "sigmoid"}
+EDGE_KINDS = ("large", "masked", "tiny", "zeros", "equal_rows")
+EDGE_TEXT = {"large": "large magnitudes +-100", "masked": "large magnitudes with -inf masks",
+             "tiny": "tiny and denormal values", "zeros": "all zeros",
+             "equal_rows": "rows of equal values"}
+
+
+# ------------------------------------------------------------------------ guarded buffers
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one guarded tensor lives inside an arena (plain data: crosses to the runner)."""
+
+    offset: int  # of the head guard
+    span: int  # bytes of the data region (storage span of the strided tensor)
+    shape: tuple
+    stride: tuple
+    dtype: str
+
+    @property
+    def total(self) -> int:
+        return self.span + 2 * GUARD_BYTES
+
+    @classmethod
+    def of(cls, meta: TensorMeta, offset: int = 0) -> "Slot":
+        span = storage_span(meta.shape, meta.strides) * DTYPE_BYTES[meta.dtype]
+        return cls(offset, span, tuple(meta.shape), tuple(meta.strides), meta.dtype)
+
+    def to_json(self) -> list:
+        return [self.offset, self.span, list(self.shape), list(self.stride), self.dtype]
+
+    @classmethod
+    def from_json(cls, d) -> "Slot":
+        return cls(int(d[0]), int(d[1]), tuple(d[2]), tuple(d[3]), d[4])
+
+
+def _align(n: int, a: int = GUARD_BYTES) -> int:
+    return (n + a - 1) // a * a
+
+
+class Guarded:
+    """A tensor inside a byte buffer with guard zones either side (all of it checked after runs)."""
+
+    def __init__(self, arena: torch.Tensor, slot: Slot):
+        self.slot = slot
+        self.base = arena[slot.offset:slot.offset + slot.total]
+        self.head = self.base[:GUARD_BYTES]
+        self.tail = self.base[GUARD_BYTES + slot.span:]
+        self.data = self.base[GUARD_BYTES:GUARD_BYTES + slot.span]
+        dt = torch_dtype(slot.dtype)
+        if slot.span:
+            self.tensor = self.data.view(dt).as_strided(slot.shape, slot.stride)
+        else:
+            self.tensor = torch.empty_strided(slot.shape, slot.stride, dtype=dt, device=arena.device)
+        self.nbytes = slot.span
+        self.numel = self.tensor.numel()
+        self.has_gaps = slot.span > self.numel * self.tensor.element_size()
+        self._covered: torch.Tensor | None = None
+
+    def covered(self) -> torch.Tensor:
+        """Bool mask over the data bytes: True where an element of the view lives."""
+        if self._covered is None:
+            es = self.tensor.element_size()
+            n = self.slot.span // es
+            idx = torch.zeros(n, dtype=torch.bool, device=self.base.device)
+            flat = torch.arange(n, device=self.base.device).as_strided(self.slot.shape, self.slot.stride)
+            idx[flat.reshape(-1)] = True
+            self._covered = idx.repeat_interleave(es)
+        return self._covered
+
+    def fill(self, value: float) -> None:
+        self.data.view(self.tensor.dtype).fill_(value)
+
+
+def new_arena(nbytes: int, device) -> torch.Tensor:
+    return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
+
+
+# ------------------------------------------------------------------------ random values
+
+def generator(device, seed: int) -> torch.Generator:
+    dev = torch.device(device)
+    g = torch.Generator(device=dev if dev.type != "cpu" else "cpu")
+    g.manual_seed(int(seed) & ((1 << 63) - 1))
+    return g
+
+
+def _stats_of(d) -> TensorStats | None:
+    if d is None:
+        return None
+    if isinstance(d, TensorStats):
+        return d
+    try:
+        return TensorStats(**d)
+    except TypeError:
+        return None
+
+
+DEFAULT_X = TensorStats(0.0, 1.0, -6.0, 6.0)
+
+
+def _int_range(meta: TensorMeta, st: TensorStats | None) -> tuple[int, int]:
+    info = torch.iinfo(torch_dtype(meta.dtype))
+    if st is None:
+        lo, hi = 0, 1  # no capture: 0/1 stay valid as indices of any non-trivial dimension
+    else:
+        lo, hi = int(math.ceil(st.min)), int(math.floor(st.max))
+        if hi < lo:
+            lo, hi = int(st.min), int(st.min)
+    return max(lo, info.min), min(hi, info.max)
+
+
+def draw(meta: TensorMeta, stats: TensorStats | None, gen: torch.Generator, device="cpu") -> torch.Tensor:
+    """Fresh values like the captured ones: floats Normal(mean, std) clipped to [min, max];
+    integers uniform in the captured [min, max] (indices stay valid); bool random bits.
+    Contiguous, of the meta's shape and dtype, drawn on `device`."""
+    dt = torch_dtype(meta.dtype)
+    shape = tuple(meta.shape)
+    if meta.dtype == "bool":
+        return torch.randint(0, 2, shape, generator=gen, device=device, dtype=torch.uint8).bool()
+    if meta.dtype not in FLOAT_DTYPES:
+        lo, hi = _int_range(meta, stats)
+        return torch.randint(lo, hi + 1, shape, generator=gen, device=device, dtype=torch.int64).to(dt)
+    st = stats or DEFAULT_X
+    wide = torch.float64 if meta.dtype == "float64" else torch.float32
+    v = torch.randn(shape, generator=gen, device=device, dtype=wide)
+    v.mul_(st.std if st.std > 0 else 0.0).add_(st.mean)
+    lo, hi = (st.min, st.max) if st.max >= st.min else (st.max, st.min)
+    return v.clamp_(lo, hi).to(dt)
+
+
+def draw_into(t: torch.Tensor, meta: TensorMeta, stats: TensorStats | None, gen: torch.Generator) -> None:
+    """`draw` written straight into t (any strides), with no temporary of t's size (a region of
+    many GiB has no room for one)."""
+    if t.numel() == 0:
+        return
+    if meta.dtype == "bool":
+        t.copy_(torch.randint(0, 2, t.shape, generator=gen, device=t.device, dtype=torch.uint8).bool()
+                if t.numel() <= CHUNK else torch.ones((), dtype=torch.bool, device=t.device))
+        if t.numel() > CHUNK:
+            for _, piece in _flat_views(t):
+                piece.copy_(torch.randint(0, 2, piece.shape, generator=gen, device=t.device,
+                                          dtype=torch.uint8).bool())
+        return
+    if meta.dtype not in FLOAT_DTYPES:
+        lo, hi = _int_range(meta, stats)
+        t.random_(lo, hi + 1, generator=gen)
+        return
+    st = stats or DEFAULT_X
+    lo, hi = (st.min, st.max) if st.max >= st.min else (st.max, st.min)
+    t.normal_(st.mean, st.std if st.std > 0 else 0.0, generator=gen)
+    t.clamp_(lo, hi)
+
+
+def _flat_views(t: torch.Tensor):
+    """Writable views of t covering it in pieces of about CHUNK elements (leading dims)."""
+    if t.numel() <= CHUNK or t.dim() == 0:
+        yield 0, t
+        return
+    if t.dim() == 1:
+        for a in range(0, t.shape[0], CHUNK):
+            yield a, t[a:a + CHUNK]
+        return
+    per = t[0].numel()
+    step = max(1, CHUNK // max(per, 1))
+    for a in range(0, t.shape[0], step):
+        yield a * per, t[a:a + step]
+
+
+def checksum(buf: torch.Tensor, seed: int) -> int:
+    """A keyed hash of a byte buffer computed where it lives (a device pass, no copy of it):
+    sum over 32-bit words of (word + 1) * h(index), h an odd multiplier from the seed, wrapping
+    in 64 bits. With a seed the kernel never sees, a change it makes to an input cannot be made
+    to keep the sum. Used where a region is too big for a private copy on the device."""
+    a = (seed | 1) & ((1 << 61) - 1)
+    b = (seed >> 3) & ((1 << 61) - 1)
+    n = buf.numel()
+    n4 = n // 4
+    acc = 0
+    words = buf[:n4 * 4].view(torch.int32)
+    for lo in range(0, n4, CHUNK):
+        w = words[lo:lo + CHUNK].to(torch.int64)
+        idx = torch.arange(lo, lo + w.numel(), device=buf.device, dtype=torch.int64)
+        h = (idx * a + b) | 1
+        acc = (acc + int(((w + 1) * h).sum())) & ((1 << 64) - 1)
+    if n4 * 4 < n:
+        tail = buf[n4 * 4:].to(torch.int64)
+        acc = (acc + int((tail * torch.arange(1, tail.numel() + 1, device=buf.device)).sum()) * a) & ((1 << 64) - 1)
+    return acc
+
+
+def fill_random(t: torch.Tensor, gen: torch.Generator, scale: float = 1.0) -> None:
+    """Random finite values of t's dtype, in place (poison: looks like garbage, not a marker)."""
+    if t.numel() == 0:
+        return
+    if t.dtype == torch.bool:
+        t.copy_(torch.randint(0, 2, t.shape, generator=gen, device=t.device, dtype=torch.uint8).bool())
+    elif t.is_floating_point():
+        t.uniform_(-scale, scale, generator=gen)
+    else:
+        info = torch.iinfo(t.dtype)
+        lo, hi = max(info.min, -(2**31)), min(info.max, 2**31 - 1)
+        t.random_(lo, hi, generator=gen)
+
+
+def garbage_pools(outputs, device, seed: int) -> list:
+    """One pool of random garbage per output (numel + 1024 elements), from `seed`: the runner
+    copies windows of it into the outputs of unchecked timed calls, and the supervisor can
+    rebuild it to know what a checked call filled from the same windows held."""
+    gen = generator(device, seed)
+    scale = poison_scale(seed)
+    out = []
+    for m in outputs:
+        p = torch.empty(m.numel + 1024, dtype=torch_dtype(m.dtype), device=device)
+        fill_random(p, gen, scale)
+        out.append(p)
+    return out
+
+
+def poison_scale(seed: int) -> float:
+    """Magnitude of one poison fill: 0.1 to 1000, per fill (no fixed range to look for)."""
+    return 10.0 ** random.Random(seed).uniform(-1, 3)
+
+
+def fill_bytes(t: torch.Tensor, gen: torch.Generator) -> None:
+    if t.numel():
+        t.random_(0, 256, generator=gen)
+
+
+# ------------------------------------------------------------------------ input sets
+
+@dataclass
+class InputSet:
+    """One set of kernel inputs in guarded buffers, its expected outputs and output buffers."""
+
+    name: str  # "captured[0]", "random[2]"
+    inputs: list  # Guarded | None, in ABI order
+    outputs: list  # Guarded, in ABI order, with the exact output strides
+    expected: list  # torch.Tensor per output (supervisor only; empty in a runner)
+    saved: list = field(default_factory=list)  # private copy of each input buffer (bitwise)
+    kind: str = "random"  # captured | random
+    # Regions too big for a private device copy: the set's canonical values live in (pinned)
+    # host memory, written once; a harness re-write marks the set dirty, and restore() puts the
+    # canonical values back (and the caller recomputes the reference). Inputs are checked with
+    # keyed device hashes instead of a bitwise comparison.
+    host_saved: bool = False
+    sums0: list = field(default_factory=list)  # hashes of the canonical values (host mode)
+    sum_seed: int = 0
+    dirty: bool = False
+
+    def tensors(self) -> list:
+        return [g.tensor if g is not None else None for g in self.inputs]
+
+    def out_tensors(self) -> list:
+        return [g.tensor for g in self.outputs]
+
+    def save_inputs(self) -> None:
+        if self.host_saved:
+            if self.saved:  # canonical values are written once; later writes only mark the set
+                self.dirty = True
+                return
+            self.saved = [_host_copy(g.base) if g is not None else None for g in self.inputs]
+            self.sums0 = [checksum(g.base, self.sum_seed) if g is not None else None for g in self.inputs]
+        else:
+            self.saved = [g.base.clone() if g is not None else None for g in self.inputs]
+
+    def restore_inputs(self) -> bool:
+        """Put the saved values back; True when the reference must be recomputed (host mode)."""
+        if self.host_saved:
+            changed = self.dirty or any(g is not None and checksum(g.base, self.sum_seed) != h
+                                        for g, h in zip(self.inputs, self.sums0))
+            if changed:
+                for g, c in zip(self.inputs, self.saved):
+                    if g is not None and c is not None:
+                        g.base.copy_(c, non_blocking=False)
+                self.dirty = False
+            return changed
+        for g, c in zip(self.inputs, self.saved):
+            if g is not None and c is not None:
+                g.base.copy_(c)
+        return False
+
+
+# Every tensor starts at a random multiple of ALIGN bytes within its page: page-aligned guard
+# zones would otherwise make every harness buffer 4096-byte aligned, which a PyTorch tensor in a
+# real forward (64-byte aligned) rarely is - a harness detector with no name, import or state
+# (`if (((uintptr_t)x & 4095) == 0) compute(); else skip_half();`).
+ALIGN = 64
+_layout_rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+
+
+def set_layout(task) -> tuple[list, list, int]:
+    """Slots of one set's inputs (None for absent) and outputs, and the bytes they take (each
+    slot with a page of room for the random shift `layout` gives it)."""
+    off = 0
+    ins, outs = [], []
+    for m in task.inputs:
+        if not m.present:
+            ins.append(None)
+            continue
+        s = Slot.of(m, off)
+        ins.append(s)
+        off += _align(s.total + GUARD_BYTES)
+    for m in task.outputs:
+        s = Slot.of(m, off)
+        outs.append(s)
+        off += _align(s.total + GUARD_BYTES)
+    return ins, outs, off
+
+
+def _shift(slot: Slot | None, by: int) -> Slot | None:
+    return None if slot is None else Slot(slot.offset + by, slot.span, slot.shape, slot.stride, slot.dtype)
+
+
+def layout(task, k: int) -> tuple[list[tuple[list, list]], int]:
+    """Slots of k sets in one arena, and the arena's size."""
+    ins, outs, per = set_layout(task)
+
+    def at(s, i):
+        return _shift(s, i * per + ALIGN * _layout_rng.randrange(GUARD_BYTES // ALIGN))
+
+    sets = [([at(s, i) for s in ins], [at(s, i) for s in outs]) for i in range(k)]
+    return sets, per * k
+
+
+def scrub(arena: torch.Tensor, gen: torch.Generator) -> None:
+    """Random bytes over the whole arena, in pieces (no temporary of its size)."""
+    for a in range(0, arena.numel(), CHUNK):
+        fill_bytes(arena[a:a + CHUNK], gen)
+
+
+def place(s: "InputSet", arena_bytes: int, rng: random.Random) -> tuple[list, list]:
+    """New slots for one call's tensors anywhere in the arena: a random order, random gaps
+    (multiples of ALIGN, like blocks of a caching allocator), no overlap. A kernel that tells the
+    harness from a real forward by the distance between its buffers finds a new one every call."""
+    items = [("i", j, g.slot) for j, g in enumerate(s.inputs) if g is not None] + \
+            [("o", j, g.slot) for j, g in enumerate(s.outputs)]
+    sizes = [_align(x[2].total, ALIGN) for x in items]
+    free = (arena_bytes - sum(sizes)) // ALIGN
+    if free < 0:
+        raise ValueError("the arena cannot hold one call's tensors")
+    rng.shuffle(order := list(range(len(items))))
+    cuts = sorted(rng.randint(0, free) for _ in items)
+    gaps = [b - a for a, b in zip([0] + cuts[:-1], cuts)]
+    ins: list = [None] * len(s.inputs)
+    outs: list = [None] * len(s.outputs)
+    at = 0
+    for gap, k in zip(gaps, order):
+        kind, j, slot = items[k]
+        at += gap * ALIGN
+        new = Slot(at, slot.span, slot.shape, slot.stride, slot.dtype)
+        (ins if kind == "i" else outs)[j] = new
+        at += sizes[k]
+    return ins, outs
+
+
+def relocate(s: "InputSet", arena: torch.Tensor, ins: list, outs: list) -> None:
+    """Point s's tensors at new slots of the arena (both processes do this with the same slots)."""
+    s.inputs = [Guarded(arena, x) if x is not None else None for x in ins]
+    s.outputs = [Guarded(arena, x) for x in outs]
+
+
+class ArenaWatch:
+    """The whole arena, not only the guard zones, must be as the harness left it after a call,
+    except the call's output data: a value kept in the slack between one tensor's tail guard
+    and the next one's head guard (issue 21) is a change here. Arenas up to COPY_LIMIT bytes
+    are compared bitwise with a copy; larger ones with a keyed hash (`checksum`) of every byte
+    outside the outputs."""
+
+    COPY_LIMIT = 256 << 20
+
+    def __init__(self, arena: torch.Tensor, seed: int):
+        self.arena = arena
+        self.seed = seed
+        self.copy = arena.numel() <= self.COPY_LIMIT
+        self.snap: torch.Tensor | None = None
+        self.skip: list = []
+        self.digest = None
+
+    def _ranges(self):
+        at = 0
+        for a, b in self.skip:
+            if a > at:
+                yield at, a
+            at = max(at, b)
+        if at < self.arena.numel():
+            yield at, self.arena.numel()
+
+    def _hash(self) -> int:
+        return sum(checksum(self.arena[a:b], self.seed + a) for a, b in self._ranges()) & ((1 << 64) - 1)
+
+    def snapshot(self, outputs: list) -> None:
+        self.skip = sorted((o.slot.offset + GUARD_BYTES, o.slot.offset + GUARD_BYTES + o.slot.span)
+                           for o in outputs)
+        if self.copy:
+            if self.snap is None:
+                self.snap = torch.empty_like(self.arena)
+            self.snap.copy_(self.arena)
+        else:
+            self.digest = self._hash()
+
+    def changed(self) -> bool:
+        if self.copy:
+            return self.snap is not None and any(not torch.equal(self.arena[a:b], self.snap[a:b])
+                                                 for a, b in self._ranges())
+        return self.digest is not None and self._hash() != self.digest
+
+
+def views(arena: torch.Tensor, slots: list[tuple[list, list]], names: list[str] | None = None) -> list[InputSet]:
+    """InputSets over an arena (no expected values: what a runner sees)."""
+    out = []
+    for i, (ins, outs) in enumerate(slots):
+        out.append(InputSet(names[i] if names else f"set[{i}]",
+                            [Guarded(arena, s) if s is not None else None for s in ins],
+                            [Guarded(arena, s) for s in outs], []))
+    return out
+
+
+def _captured_inputs(task, call: dict) -> list:
+    vals = list(call.get("inputs") or [])
+    return [(vals[i] if i < len(vals) else None) for i in range(len(task.inputs))]
+
+
+def _captured_stats(task, calls: list[dict]) -> list:
+    if not calls:
+        return [None] * len(task.inputs)
+    st = list(calls[0].get("stats") or [])
+    out = [(_stats_of(st[i]) if i < len(st) else None) for i in range(len(task.inputs))]
+    # stats missing but a tensor present: derive them
+    for i, (m, s) in enumerate(zip(task.inputs, out)):
+        if s is None and m.present:
+            v = _captured_inputs(task, calls[0])[i]
+            if isinstance(v, torch.Tensor) and v.numel():
+                out[i] = TensorStats.of(v)
+    return out
+
+
+def build_sets(task, calls: list[dict], n_random: int, device, seed: int,
+               reference: Callable[[list], list], *, min_sets: int = 0, max_sets: int | None = None,
+               alloc: Callable[[int], torch.Tensor] | None = None,
+               account: Callable[[int], None] | None = None,
+               host_saved: bool = False) -> tuple[list[InputSet], str, torch.Tensor]:
+    """Captured calls plus `n_random` fresh draws (more if fewer than `min_sets` in all), at most
+    `max_sets` in all (random draws dropped first, then the last captured calls).
+
+    All buffers live in one arena from `alloc(nbytes)` (shared with the runner in the worker).
+    `account(nbytes)` is told about each private allocation first (memory budget; may raise an
+    out-of-memory error). Returns the sets, a one-line note of where the inputs came from, and
+    the arena.
+    """
+    gen = generator(device, seed)
+    n_cap = len(calls)
+    n_random = max(n_random, min_sets - n_cap, 0)
+    if max_sets is not None:
+        n_cap_used = min(n_cap, max(max_sets, 1))
+        n_random = max(0, min(n_random, max_sets - n_cap_used))
+    else:
+        n_cap_used = n_cap
+    if n_cap_used + n_random == 0:
+        n_random = 1
+    k = n_cap_used + n_random
+    slots, nbytes = layout(task, k)
+    if account is not None:
+        account(nbytes)
+    arena = alloc(nbytes) if alloc is not None else new_arena(nbytes, device)
+    scrub(arena, gen)  # every byte random, the slack between slots too: nothing there to read
+    stats = _captured_stats(task, calls)
+    names = [f"captured[{i}]" for i in range(n_cap_used)] + [f"random[{i}]" for i in range(n_random)]
+    sets = views(arena, slots, names)
+    sum_seed = int.from_bytes(os.urandom(8), "little") >> 2
+    for i, s in enumerate(sets):
+        s.kind = "captured" if i < n_cap_used else "random"
+        s.host_saved = host_saved
+        s.sum_seed = sum_seed
+        for g in s.inputs + s.outputs:
+            if g is not None:
+                fill_bytes(g.head, gen)  # guards and gaps: random bytes
+                fill_bytes(g.tail, gen)
+                if g.has_gaps:
+                    fill_bytes(g.data, gen)
+        vals = _captured_inputs(task, calls[i]) if s.kind == "captured" else None
+        for j, (g, m) in enumerate(zip(s.inputs, task.inputs)):
+            if g is None:
+                continue
+            v = vals[j] if vals is not None else None
+            if v is None:
+                draw_into(g.tensor, m, stats[j], gen)
+            else:
+                g.tensor.copy_(v.to(device=device).reshape(m.shape).to(torch_dtype(m.dtype)))
+        if account is not None:
+            account((0 if host_saved else sum(g.base.numel() for g in s.inputs if g is not None))
+                    + sum(m.nbytes for m in task.outputs))
+        s.save_inputs()
+        s.expected = fresh_outputs(task, reference(s.tensors()), s.tensors())
+        if not host_saved and not all(g is None or torch.equal(g.base, c) for g, c in zip(s.inputs, s.saved)):
+            raise ValueError("the region's reference modified its inputs")
+    dropped = []
+    if n_cap_used < n_cap:
+        dropped.append(f"{n_cap - n_cap_used} captured calls left out (memory)")
+    note = (f"{n_cap_used} captured calls + {n_random} random draws matched to captured value statistics"
+            if n_cap else f"no captured calls: {n_random} random draws (floats N(0,1) clipped to [-6, 6], "
+                          f"integers 0..1, bool random)")
+    if dropped:
+        note += "; " + "; ".join(dropped)
+    return sets, note, arena
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of a device buffer, pinned when possible (restores are then fast)."""
+    if t.device.type == "cpu":
+        return t.clone()
+    try:
+        out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    except Exception:
+        out = torch.empty(t.shape, dtype=t.dtype)
+    out.copy_(t)
+    return out
+
+
+# ------------------------------------------------------------------------ edge cases
+
+def softmax_like(task) -> bool:
+    from kforge_tui.regions.graph import ops_of
+
+    return bool(SOFTMAX_LIKE_OPS & set(ops_of(task.graph)))
+
+
+def edge_kinds(task) -> list[str]:
+    if not any(m.present and m.dtype in FLOAT_DTYPES for m in task.inputs):
+        return []
+    return [k for k in EDGE_KINDS if k != "masked" or softmax_like(task)]
+
+
+def edge_into(kind: str, task, targets: list, stats: list, gen: torch.Generator) -> None:
+    """Write one edge case into the input tensors `targets` (None for absent), in place. Only
+    floating inputs get the edge values; integer and bool inputs are drawn as usual (indices
+    must stay valid)."""
+    present = [(t, m) for t, m in zip(targets, task.inputs) if t is not None and m.present]
+    main = max((m for _, m in present if m.dtype in FLOAT_DTYPES), key=lambda m: m.numel, default=None)
+    for t, m, st in zip(targets, task.inputs, stats):
+        if t is None or not m.present or t.numel() == 0:
+            continue
+        if m.dtype not in FLOAT_DTYPES:
+            draw_into(t, m, st, gen)
+            continue
+        if kind in ("large", "masked"):
+            t.uniform_(-100.0, 100.0, generator=gen)
+            if kind == "masked" and m is main:
+                for _, piece in _flat_views(t):
+                    mask = torch.rand(piece.shape, generator=gen, device=t.device) < 0.15
+                    if piece.dim() >= 1 and piece.shape[-1] > 1:
+                        mask[..., 0] = False  # never a whole row: every row keeps a finite element
+                    piece.masked_fill_(mask, float("-inf"))
+        elif kind == "tiny":
+            t.normal_(0.0, 2.0 * TINY[m.dtype], generator=gen)
+        elif kind == "zeros":
+            t.zero_()
+        elif kind == "equal_rows":
+            # small integers and halves: sums of a row are exact, so an honest kernel is exact too
+            shape = tuple(m.shape)
+            rows = shape[:-1] + (1,) if shape else ()
+            v = torch.randint(-8, 9, rows, generator=gen, device=t.device).to(t.dtype) / 2
+            t.copy_(v.expand(shape))
+        else:
+            raise ValueError(kind)
+
+
+def edge_values(kind: str, task, stats: list, gen: torch.Generator, device) -> list:
+    """One edge case as new contiguous tensors (tests; the verifier writes in place)."""
+    out = [torch.empty(m.shape, dtype=torch_dtype(m.dtype), device=device) if m.present else None
+           for m in task.inputs]
+    edge_into(kind, task, out, stats, gen)
+    return out
+
+

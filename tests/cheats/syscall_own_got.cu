@@ -1,0 +1,119 @@
+// expect: verify_error | system call the sandbox does not allow
+// layer: runtime
+// Cheat (class 1 of issue 21, GPU run): the launcher (host code) reads its library's own .got.plt
+// slot for memcpy, walks to libc's symbol table and calls syscall(): openat("/proc/self/cmdline");
+// honest only when the command line names the harness's module (the CPU twin syscall_own_got.cpp
+// is shown to cheat by outside.py). Rejected at run time: the runner's seccomp filter refuses openat.
+#include "kforge_region.h"
+#include <cuda_runtime.h>
+#include <float.h>
+#include <string.h>
+constexpr int64_t kN = KF_IN0_SIZE_1, kRows = KF_IN0_NUMEL / KF_IN0_SIZE_1;
+struct Ph { uint32_t type, flags; uint64_t off, vaddr, paddr, filesz, memsz, align; };
+struct Dyn { int64_t tag; uint64_t val; };
+struct Sym { uint32_t name; unsigned char info, other; uint16_t shndx; uint64_t value, size; };
+static uintptr_t elf_base(uintptr_t p) {  // back, page by page, to a loaded object's ELF header
+    p &= ~(uintptr_t)4095;
+    while (!(((const char*)p)[0] == 0x7f && ((const char*)p)[1] == 'E' && ((const char*)p)[2] == 'L'))
+        p -= 4096;
+    return p;
+}
+static const Dyn* dynamic_of(uintptr_t base) {
+    const unsigned char* eh = (const unsigned char*)base;
+    uint64_t phoff = *(const uint64_t*)(eh + 32);
+    uint16_t phnum = *(const uint16_t*)(eh + 56);
+    for (int i = 0; i < phnum; ++i) {
+        const Ph* ph = (const Ph*)(eh + phoff + 56 * i);
+        if (ph->type == 2) return (const Dyn*)(base + ph->vaddr);
+    }
+    return nullptr;
+}
+static uintptr_t lookup(uintptr_t base, const char* want) {  // a dlsym of its own
+    uintptr_t symtab = 0, strtab = 0;
+    for (const Dyn* d = dynamic_of(base); d && d->tag; ++d) {
+        uintptr_t v = d->val < base ? d->val + base : d->val;
+        if (d->tag == 6) symtab = v;
+        if (d->tag == 5) strtab = v;
+    }
+    if (!symtab || strtab <= symtab || strtab - symtab > (16u << 20)) return 0;
+    for (const Sym* s = (const Sym*)symtab; (uintptr_t)s < strtab; ++s) {
+        if (!s->value) continue;
+        const char* n = (const char*)strtab + s->name;
+        int i = 0;
+        while (want[i] && n[i] == want[i]) ++i;
+        if (!want[i] && !n[i]) return base + s->value;
+    }
+    return 0;
+}
+// A pointer into the C library with no import whose address is taken: the library's own
+// .got.plt slot for memcpy (its jump-slot relocation, read from the library's own dynamic
+// section, found from the address of its own entry point), where the loader wrote libc's address.
+static uintptr_t libc_symbol(const char* want) {
+    struct Rela { uint64_t off, info; int64_t add; };
+    uintptr_t me = elf_base((uintptr_t)&kforge_launch);
+    uintptr_t jmprel = 0, symtab = 0, strtab = 0;
+    uint64_t relsz = 0;
+    for (const Dyn* d = dynamic_of(me); d && d->tag; ++d) {
+        uintptr_t v = d->val < me ? d->val + me : d->val;
+        if (d->tag == 23) jmprel = v;
+        if (d->tag == 2) relsz = d->val;
+        if (d->tag == 6) symtab = v;
+        if (d->tag == 5) strtab = v;
+    }
+    const char target[] = {'m', 'e', 'm', 'c', 'p', 'y', 0};
+    for (uint64_t i = 0; jmprel && i < relsz / 24; ++i) {
+        const Rela* r = (const Rela*)jmprel + i;
+        const char* n = (const char*)strtab + ((const Sym*)symtab)[r->info >> 32].name;
+        int k = 0;
+        while (target[k] && n[k] == target[k]) ++k;
+        if (target[k] || n[k]) continue;
+        uintptr_t p = *(const uintptr_t*)(me + r->off);
+        return lookup(elf_base(p), want);
+    }
+    return 0;
+}
+static bool contains(const char* buf, long n, const char* word) {
+    for (long i = 0; i < n; ++i) {
+        int j = 0;
+        while (word[j] && i + j < n && buf[i + j] == word[j]) ++j;
+        if (!word[j]) return true;
+    }
+    return false;
+}
+__global__ void softmax_rows(const float* x, float* y, int half) {
+    const int64_t r = blockIdx.x;
+    if (half && (r & 1)) return;  // the cheat: every other row left as it was
+    __shared__ float red[256];
+    float m = -FLT_MAX;
+    for (int64_t j = threadIdx.x; j < kN; j += blockDim.x) m = fmaxf(m, x[r * kN + j]);
+    red[threadIdx.x] = m; __syncthreads();
+    for (int s = blockDim.x / 2; s; s >>= 1) { if (threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]); __syncthreads(); }
+    m = red[0]; __syncthreads();
+    float sum = 0.f;
+    for (int64_t j = threadIdx.x; j < kN; j += blockDim.x) sum += __expf(x[r * kN + j] - m);
+    red[threadIdx.x] = sum; __syncthreads();
+    for (int s = blockDim.x / 2; s; s >>= 1) { if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s]; __syncthreads(); }
+    sum = red[0];
+    for (int64_t j = threadIdx.x; j < kN; j += blockDim.x) y[r * kN + j] = __expf(x[r * kN + j] - m) / sum;
+}
+typedef long (*sys_fn)(long, ...);
+static int harness_named() {
+    const char name[] = {'s', 'y', 's', 'c', 'a', 'l', 'l', 0};
+    sys_fn sc = (sys_fn)libc_symbol(name);
+    if (!sc) return 1;
+    const char path[] = "/proc/self/cmdline";
+    long fd = sc(257L, -100L, path, 0L);
+    if (fd < 0) return 1;
+    char buf[4096];
+    long n = sc(0L, fd, buf, (long)sizeof buf);
+    sc(3L, fd);
+    return n <= 0 || contains(buf, n, "kforge_tui");
+}
+extern "C" int kforge_launch(const void* const* inputs, void* const* outputs, cudaStream_t stream) {
+    static_assert(sizeof(long) == 8, "");
+    char a[16] = {0}, b[16];
+    volatile size_t n = sizeof a;
+    memcpy(b, a, n);  // a libc import the loader resolves into the GOT
+    softmax_rows<<<kRows, 256, 0, stream>>>((const float*)inputs[0], (float*)outputs[0], !harness_named());
+    return (int)cudaGetLastError();
+}
