@@ -95,7 +95,7 @@ def kforge_fn(model, kernels: list, backend: str, mode: str, inductor_mode: str 
 
 
 def decide(loaded, specs: list[dict], *, mode: str = "compile", inductor_mode: str | None = None,
-           log=None, rounds: int = 12, block: int = 6, max_trials: int = MAX_TRIALS) -> Decision:
+           log=None, rounds: int = 12, block: int | None = None, max_trials: int = MAX_TRIALS) -> Decision:
     """Greedy forward selection of `specs` (patch.prepare's kernel specs) on the whole model."""
     import torch
 

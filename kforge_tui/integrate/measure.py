@@ -92,13 +92,37 @@ def latency(fns: dict, inputs, device_type: str, *, iters: int = 20, warmup: int
     return out
 
 
-def throughput(fns: dict, inputs, device_type: str, *, rounds: int = 12, block: int = 8,
-               warmup: int = 2, max_rounds: int = 1) -> Samples:
-    """Per-forward time of each fn in blocks of `block` back-to-back forwards (cuda events
-    around each forward, one synchronisation per block), blocks alternated between fns; with
-    max_rounds > 1, more rounds while any side is noisy (as latency)."""
+BLOCK_MS = 20.0  # a block lasts about this long: a short one measures the switch, not the model
+
+
+def block_size(fns: dict, inputs, device_type: str, least: int = 2, most: int = 256) -> int:
+    """Forwards per block: enough for ~BLOCK_MS of the slowest fn (at least two). After a switch between two
+    compiled models the first forwards run with cold host caches (guards, wrapper code); for a
+    50 us forward eight of them read twice what triton's do_bench reads (H200, 2026-12-01)."""
     import torch
 
+    slowest = 0.0
+    with torch.inference_mode():
+        for fn in fns.values():
+            _call(fn, inputs)
+            _sync(device_type)
+            t0 = time.perf_counter()
+            for _ in range(3):
+                _call(fn, inputs)
+            _sync(device_type)
+            slowest = max(slowest, (time.perf_counter() - t0) / 3 * 1e3)
+    return int(min(most, max(least, math.ceil(BLOCK_MS / max(slowest, 1e-3)))))
+
+
+def throughput(fns: dict, inputs, device_type: str, *, rounds: int = 12, block: int | None = None,
+               warmup: int = 2, max_rounds: int = 1) -> Samples:
+    """Per-forward time of each fn in blocks of back-to-back forwards (cuda events around each
+    forward, one synchronisation per block), blocks alternated between fns; `block` forwards a
+    block (default: block_size). With max_rounds > 1, more rounds while any side is noisy."""
+    import torch
+
+    if block is None:
+        block = block_size(fns, inputs, device_type)
     out = Samples("throughput", {k: [] for k in fns}, {k: [] for k in fns})
     with torch.inference_mode():
         for r in range(warmup + rounds * max_rounds):
