@@ -303,7 +303,9 @@ def cmd_apply(args) -> int:
 
     RunStore.open(args.run_dir, readonly=True).close()
     loaded = load_model(args.model, resolve_backend(args.device))
-    report = check_with_fallback(loaded, args.run_dir, args.mode, args.inductor_mode)
+    # the whole-model decision compiles the model once per candidate: say what it is doing
+    report = check_with_fallback(loaded, args.run_dir, args.mode, args.inductor_mode,
+                                 log=lambda m: print(f"kforge: {m}", file=sys.stderr, flush=True))
     print(json.dumps(report, indent=2, default=str) if args.json else format_end_to_end(report))
     if not report.get("kernels_used"):
         if report.get("verified_tasks"):  # verified, but torch.compile alone is faster
