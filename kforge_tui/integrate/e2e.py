@@ -93,6 +93,9 @@ def check_end_to_end(loaded, run_dir, *, fresh_inputs: int = 1, min_speedup: flo
             if mode == "compile":
                 fns["compile"] = dec.base_fn
             fns["kforge"] = kforge
+            if log is not None:
+                log(f"end to end: outputs checked on {len(sets)} input set(s); timing {', '.join(fns)} "
+                    "on the latency and throughput clocks" + (" and do_bench" if device_type == "cuda" else ""))
             lat = measure.latency(fns, inputs, device_type)
             thr = measure.throughput(fns, inputs, device_type, max_rounds=measure.NOISY_ROUNDS)
             db = measure.do_bench(fns, inputs, device_type)
