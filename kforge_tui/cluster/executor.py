@@ -252,8 +252,9 @@ class RayEvaluator:
         live = [s for s in self.slots if not s.dead]
 
         async def bye(s: _Slot) -> None:
-            try:
-                await asyncio.wait_for(self._await(s.actor.close.remote(), 30, lost_ok=True), 35)
+            try:  # its workers stop and its directory goes (a lost cluster cannot be asked)
+                if not self._lost:
+                    await asyncio.wait_for(self._await(s.actor.close.remote(), 30, lost_ok=True), 35)
             except BaseException:
                 pass
             self._kill(s.actor)
@@ -261,8 +262,12 @@ class RayEvaluator:
         await asyncio.gather(*(bye(s) for s in live), return_exceptions=True)
         self.slots.clear()
         self._started = False
-        if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
+        if (self._owns_ray or self._lost) and ray.is_initialized():
+            import warnings
+
+            with warnings.catch_warnings():  # a lost Ray Client says so again on its way out
+                warnings.simplefilter("ignore")
+                ray.shutdown()
             self._owns_ray = False
 
     # ------------------------------------------------------------------ nodes and slots
@@ -464,7 +469,7 @@ class RayEvaluator:
                 value = await self._await(getattr(slot.actor, method).remote(*args), timeout)
             except Exception as e:
                 kind = self._fault(e)
-                if kind in ("task", "bug"):
+                if kind in ("task", "raise"):
                     self._release(slot)
                     raise
                 if kind == "connection":  # the slot is not to blame: wait for the watcher's verdict
@@ -485,8 +490,11 @@ class RayEvaluator:
     def _fault(self, e: Exception) -> str:
         """"task": our code raised on the node; "slot": that actor, node or its objects are gone
         (or gave no answer in time); "connection": this process cannot talk to the cluster
-        (Ray Client's channel closed, the GCS gone); "bug": anything else (ours, here)."""
+        (Ray Client's channel closed, the GCS gone); "raise": EvaluatorLost, or anything else
+        (a bug of ours, here)."""
         ex = _ray().exceptions
+        if isinstance(e, EvaluatorLost):
+            return "raise"
         if isinstance(e, ex.RayTaskError):
             return "task"
         if isinstance(e, (asyncio.TimeoutError, ex.RayActorError, ex.WorkerCrashedError, ex.NodeDiedError,
@@ -496,7 +504,7 @@ class RayEvaluator:
         if self._lost or isinstance(e, (ConnectionError, OSError, ex.RaySystemError, ex.RpcError)) or \
                 (isinstance(e, ValueError) and "closed channel" in str(e)):
             return "connection"
-        return "bug"
+        return "raise"
 
     async def _connection_trouble(self, e: Exception) -> None:
         """Wait until the watcher says the cluster is lost (EvaluatorLost) or answers again."""
@@ -540,7 +548,7 @@ class RayEvaluator:
             try:
                 return await self._evaluate(task_json, run_dir, source, on_stage)
             except Exception as e:
-                if isinstance(e, EvaluatorLost) or self._fault(e) != "connection":
+                if self._fault(e) != "connection":
                     raise
                 await self._connection_trouble(e)
 
@@ -601,7 +609,7 @@ class RayEvaluator:
                 b = await self._await(ref, self.compile_timeout_s + 120)
             except Exception as e:
                 kind = self._fault(e)
-                if kind == "bug":
+                if kind == "raise":
                     raise
                 if kind == "task":
                     return EvalResult("crash", "compile", f"internal error in the build task: "
