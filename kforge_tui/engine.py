@@ -225,7 +225,7 @@ class Engine:
                                    on_workers=lambda nodes: self.emit(ev.Workers(nodes=nodes)))
         await evaluator.start(kernel_backends(backend, s.backend))
         self._evaluator = evaluator
-        if auto_parallel:  # enough in flight to keep every slot busy while others compile
+        if auto_parallel or s.resume:  # enough in flight to keep every slot busy while others build
             s.parallel = max(s.parallel, 2 * evaluator.n_workers)
             self._slots = asyncio.Semaphore(s.parallel)
 

@@ -155,6 +155,7 @@ def test_a_node_with_other_device_facts_is_refused(cluster, monkeypatch, tmp_pat
     assert _node_of(r.worker) in {n[:8] for n in cluster.good}
     assert r.compile_s is not None and r.stage_s.get("build_task") and r.stage_s.get("verify") is not None
     assert bad.status == "compile_error" and "expf_undeclared" in bad.log  # the build task's own verdict
+    assert bad.worker.endswith("/build") and _node_of(bad.worker) in {n[:8] for n in cluster.good}
     if t is not None:
         assert t.ok and t.compile_s is not None, (t.status, t.message)  # Triton's JIT, on the slot
     assert workers and workers[-1] == per_node

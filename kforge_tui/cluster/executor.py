@@ -619,8 +619,10 @@ class RayEvaluator:
                     continue
                 errors.append(_one_line(str(e) or type(e).__name__, 160))
                 continue
-            if "result" in b:
-                return EvalResult.from_json(b["result"])
+            if "result" in b:  # refused or failed where it was built: that node is its worker
+                r = EvalResult.from_json(b["result"])
+                r.worker = f"{next((x.node for x in self.slots if x.node_id == nid), nid[:8])}/build"
+                return r
             return b
         self.stats["infra_errors"] += 1
         return EvalResult("infra_error", "compile", f"could not build on the cluster: {'; '.join(errors)}")
