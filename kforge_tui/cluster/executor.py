@@ -200,6 +200,7 @@ class RayEvaluator:
         self._made = 0
         self._token = os.urandom(4).hex()
         self._workers_seen: dict = {}
+        self._start_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     def _log(self, message: str, level: str = "info") -> None:
@@ -223,8 +224,11 @@ class RayEvaluator:
     async def start(self, backends: list[str] | None = None) -> None:
         """Connect, read the run's facts here, admit every node that matches; UsageError (one
         line, with each refusal's reason) when none does."""
-        if self._started:
-            return
+        async with self._start_lock:
+            if not self._started:
+                await self._start(backends)
+
+    async def _start(self, backends: list[str] | None) -> None:
         self.backends = list(backends or self.backends)
         self._owns_ray = await asyncio.to_thread(connect_ray, self.spec, self.device)
         self.reference = await asyncio.to_thread(collect, self.device)
