@@ -3,6 +3,7 @@
 with edge cases and replay checks, time), as the search would submit them, on a region task.
 
     python bench/eval_throughput.py --backend cpu|cuda [--n 20] [--shape 4096,256] [--warm-compile]
+    python bench/eval_throughput.py --backend cpu --cluster ray [--nodes 1,2]   # through Ray
 
 Prints candidates per minute, the median seconds per stage and source-to-result latency; the
 last line is a short table. The compile cache is a fresh temp directory, so every compile is
@@ -130,41 +131,99 @@ async def main() -> int:
     ap.add_argument("--compile-jobs", type=int, default=None)
     ap.add_argument("--warm-compile", action="store_true",
                     help="compile every candidate first (measure the evaluation path alone)")
+    ap.add_argument("--cluster", choices=("ray",), default=None,
+                    help="evaluate through the Ray executor (kforge_tui/cluster): the cluster of "
+                         "RAY_ADDRESS, else a local one of max(--nodes) CPU nodes started here")
+    ap.add_argument("--nodes", default="1,2",
+                    help="with --cluster: node counts to measure, one figure each (default 1,2)")
     args = ap.parse_args()
+    if args.cluster and args.warm_compile:
+        ap.error("--warm-compile measures the local pool's evaluation path; not with --cluster")
     shape = tuple(int(s) for s in args.shape.split(","))
     x = torch.randn(*shape)
     task = task_of(lambda x: torch.softmax(x, -1), (x,), backend=args.backend)
     srcs = variants(args.backend, args.n)
-    with tempfile.TemporaryDirectory() as tmp:
-        pool = EvaluatorPool(args.backend, cache_dir=Path(tmp) / "cache", compile_jobs=args.compile_jobs)
-        try:
+    if not args.cluster:
+        with tempfile.TemporaryDirectory() as tmp:
+            pool = EvaluatorPool(args.backend, cache_dir=Path(tmp) / "cache", compile_jobs=args.compile_jobs)
+            return await measure(args, task, srcs, pool, tmp, "local pool")
+    counts = [int(k) for k in args.nodes.split(",")]
+    with _ray_cluster(args.backend, max(counts)):
+        rc = 0
+        for k in counts:
+            from kforge_tui.cluster.executor import RayEvaluator
+
+            # the nodes' compile cache is theirs, not a temp dir: other sources for every count
+            mine = [f"{s}\n// ray, {k} nodes\n" for s in srcs]
+            with tempfile.TemporaryDirectory() as tmp:
+                ev = RayEvaluator("ray", args.backend, max_nodes=k, log=lambda m, lvl: print(f"  {m}"))
+                rc |= await measure(args, task, mine, ev, tmp, f"ray, {k} node{'s' * (k > 1)}")
+        return rc
+
+
+class _ray_cluster:
+    """RAY_ADDRESS's cluster as it is, or a local one started here: a head that evaluates
+    nothing and `nodes` worker nodes (two CPUs each: a slot and a build), each its own processes."""
+
+    def __init__(self, backend: str, nodes: int):
+        self.backend, self.nodes, self.cluster = backend, nodes, None
+
+    def __enter__(self):
+        import os
+
+        if os.environ.get("RAY_ADDRESS"):
+            return self
+        if self.backend == "cuda":
+            raise SystemExit("--cluster ray --backend cuda: start the cluster (ray start) and set RAY_ADDRESS")
+        from ray.cluster_utils import Cluster
+
+        os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+        self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+        for _ in range(self.nodes):
+            self.cluster.add_node(num_cpus=2)
+        self.cluster.wait_for_nodes()
+        os.environ["RAY_ADDRESS"] = self.cluster.address
+        return self
+
+    def __exit__(self, *exc):
+        if self.cluster is not None:
+            import os
+
+            os.environ.pop("RAY_ADDRESS", None)
+            self.cluster.shutdown()
+
+
+async def measure(args, task, srcs, pool, tmp, label: str) -> int:
+    """Start `pool` (an EvaluatorPool or a RayEvaluator), time its baseline, then all candidates
+    at once; print the figures and the one-line table row. 0 when every candidate passed."""
+    try:
+        t = time.perf_counter()
+        await pool.start()
+        b = await pool.baseline(task.to_json(), tmp)
+        warm = time.perf_counter() - t
+        print(f"[{label}] start + baseline: {warm:.1f} s; eager {b.eager.median_us:.1f} us, floor "
+              f"{b.floor_us:.2f} us; {b.sets} input sets; {len(srcs)} candidates, "
+              f"compile_jobs={pool.compile_jobs or 'Ray tasks'}")
+        if args.warm_compile:
+            from kforge_tui.sandbox.compile import compile_candidate
+
             t = time.perf_counter()
-            await pool.start()
-            b = await pool.baseline(task.to_json(), tmp)
-            warm = time.perf_counter() - t
-            print(f"pool start + baseline: {warm:.1f} s; eager {b.eager.median_us:.1f} us, floor "
-                  f"{b.floor_us:.2f} us; {b.sets} input sets; {len(srcs)} candidates, "
-                  f"compile_jobs={pool.compile_jobs}")
-            if args.warm_compile:
-                from kforge_tui.sandbox.compile import compile_candidate
+            await asyncio.gather(*(compile_candidate(s, args.backend, pool.arch, pool.cache_dir,
+                                                     header=task.header(args.backend)) for s in srcs))
+            print(f"compiled {len(srcs)} candidates first in {time.perf_counter() - t:.1f} s")
+        lat = []
 
-                t = time.perf_counter()
-                await asyncio.gather(*(compile_candidate(s, args.backend, pool.arch, pool.cache_dir,
-                                                         header=task.header(args.backend)) for s in srcs))
-                print(f"compiled {len(srcs)} candidates first in {time.perf_counter() - t:.1f} s")
-            lat = []
+        async def one(src):
+            t0 = time.perf_counter()
+            r = await pool.evaluate(task.to_json(), tmp, src)
+            lat.append(time.perf_counter() - t0)
+            return r
 
-            async def one(src):
-                t0 = time.perf_counter()
-                r = await pool.evaluate(task.to_json(), tmp, src)
-                lat.append(time.perf_counter() - t0)
-                return r
-
-            t = time.perf_counter()
-            results = await asyncio.gather(*(one(s) for s in srcs))
-            wall = time.perf_counter() - t
-        finally:
-            await pool.close()
+        t = time.perf_counter()
+        results = await asyncio.gather(*(one(s) for s in srcs))
+        wall = time.perf_counter() - t
+    finally:
+        await pool.close()
     ok = [r for r in results if r.ok]
     for r in results:
         if not r.ok:
@@ -179,9 +238,11 @@ async def main() -> int:
     med_us = statistics.median([r.timing.median_us for r in ok]) if ok else float("nan")
     print(f"timed median of medians {med_us:.1f} us; checks per candidate: "
           f"{ok[0].checks if ok else {}}")
-    print(f"| backend {args.backend} | shape {args.shape} | n {len(results)} | ok {len(ok)} | "
+    workers = sorted({r.worker.split("/")[0] for r in results if r.worker})
+    print(f"| {label} | backend {args.backend} | shape {args.shape} | n {len(results)} | ok {len(ok)} | "
           f"cand/min {per_min:.1f} | latency med {statistics.median(lat):.2f} s | compile med "
-          f"{med['compile']:.2f} s | verify med {med['verify']:.2f} s | time med {med['time']:.2f} s |")
+          f"{med['compile']:.2f} s | verify med {med['verify']:.2f} s | time med {med['time']:.2f} s | "
+          f"nodes used {len(workers)} |")
     return 0 if len(ok) == len(results) else 1
 
 

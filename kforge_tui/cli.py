@@ -20,6 +20,14 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
 
+def _add_cluster(p: argparse.ArgumentParser, resume: bool = False) -> None:
+    p.add_argument("--cluster", metavar="WHERE",
+                   help="where candidates are evaluated: local, ray (the Ray cluster of RAY_ADDRESS, "
+                        "else the one `ray start` runs here) or ray://HOST:PORT; "
+                        + ("default: where the run was evaluated" if resume else
+                           "default local, or `cluster` in the config"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kforge",
@@ -62,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "ollama/..., hosted_vllm/... (default: built-in proposer)")
     p.add_argument("--api-base", help="base URL of an OpenAI-compatible server (with --llm openai/NAME)")
     p.add_argument("--parallel", type=int, help="evaluations in flight (default: from the hardware)")
+    _add_cluster(p)
     p.add_argument("--run-dir", help="where to keep the run (default: kforge_runs/<model>-<time>)")
     p.add_argument("--time-limit", type=float, help="wall-time limit per op, seconds")
     p.add_argument("--target", type=float, help="stop an op once this speedup is reached")
@@ -76,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("resume", help="continue a run that was stopped or killed")
     p.add_argument("run_dir")
+    _add_cluster(p, resume=True)
     p.add_argument("--headless", action="store_true")
     p.add_argument("--json", action="store_true")
     p.add_argument("--theme")
@@ -174,12 +184,13 @@ def _with_profile(tasks, prof):
 
 
 def _settings_from_args(args):
+    from kforge_tui.cluster import parse_cluster
     from kforge_tui.config import load_config
     from kforge_tui.engine import OptimizeSettings
 
     cfg = load_config({"llm": args.llm, "api_base": args.api_base, "budget": args.budget,
                        "top": args.top, "parallel": args.parallel, "device": args.device,
-                       "theme": args.theme})
+                       "theme": args.theme, "cluster": args.cluster})
     if cfg.budget < 1:
         raise UsageError(f"--budget must be at least 1, not {cfg.budget}")
     if cfg.top < 1:
@@ -190,7 +201,7 @@ def _settings_from_args(args):
                             parallel=cfg.parallel, run_dir=args.run_dir, run_root=cfg.run_root,
                             time_limit_s=args.time_limit, target_speedup=args.target,
                             compile_baseline=args.compile_baseline, end_to_end=not args.no_apply,
-                            backend=args.backend,
+                            backend=args.backend, cluster=parse_cluster(cfg.cluster),
                             seed=args.seed), cfg
 
 
@@ -200,12 +211,22 @@ def _private() -> None:
     os.umask(0o077)
 
 
+def _reach_cluster(settings) -> None:
+    """--cluster: one line and exit 2 now (Ray missing, nobody at the address, no GPU there),
+    not after the model was captured or behind a screen."""
+    if settings.cluster:
+        from kforge_tui.cluster import connect
+
+        connect(settings.cluster, settings.device)
+
+
 def cmd_optimize(args) -> int:
     from kforge_tui.device import resolve_backend
 
     _private()
     settings, cfg = _settings_from_args(args)
     settings.device = resolve_backend(settings.device)
+    _reach_cluster(settings)
     if settings.llm:
         from kforge_tui.search.proposers.llm import check_llm_settings
 
@@ -229,6 +250,11 @@ def cmd_resume(args) -> int:
     if pid is not None:  # say so before a screen opens (the engine would refuse it too)
         raise UsageError(f"{args.run_dir} is being run by another kforge process (pid {pid}); "
                          f"watch and steer it with `kforge tui {args.run_dir}`")
+    if args.cluster is not None:  # go on elsewhere: here (local), or on another cluster
+        from kforge_tui.cluster import parse_cluster
+
+        settings.cluster = parse_cluster(args.cluster)
+    _reach_cluster(settings)
     if not _use_tui(args):
         from kforge_tui.report import run_headless
 

@@ -12,6 +12,7 @@ or the file named by `KFORGE_CONFIG`. Every key is optional:
     theme = "kforge-dark"
     run_root = "~/kforge_runs"
     device = "cuda"
+    cluster = "ray"                   # evaluate on a Ray cluster (RAY_ADDRESS), or "ray://HOST:PORT"
 
     [keymap]                          # binding id = key(s); `?` in the TUI lists the ids
     pause-all = "space"
@@ -39,6 +40,7 @@ ENV = {  # setting -> environment variable
     "theme": "KFORGE_THEME",
     "run_root": "KFORGE_RUN_ROOT",
     "device": "KFORGE_DEVICE",
+    "cluster": "KFORGE_CLUSTER",
 }
 
 
@@ -52,6 +54,7 @@ class Config:
     theme: str = "kforge-dark"
     run_root: str = "kforge_runs"
     device: str | None = None
+    cluster: str | None = None  # "local" (None), "ray", "ray://HOST:PORT": cluster.parse_cluster
     keymap: dict[str, str] = field(default_factory=dict)  # TUI binding id -> key(s)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kforge_tui import events as ev
 from kforge_tui.errors import UsageError
+from kforge_tui.sandbox.result import EvaluatorLost
 from kforge_tui.search.proposers.base import NodeView, Proposal, ProposalContext
 from kforge_tui.regions.task import Task
 
@@ -46,6 +47,7 @@ class OptimizeSettings:
     max_calls: int = 3
     serve: bool = False  # keep serving UI commands after the search ends (live TUI)
     resume: bool = False
+    cluster: str | None = None  # where candidates are evaluated: None here, "ray" or "ray://HOST:PORT"
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -116,6 +118,7 @@ class Engine:
         self._made_dir: bool | None = None  # whether _create_store made the run directory itself
         self._slots: asyncio.Semaphore | None = None
         self._serve_wake: asyncio.Event | None = None
+        self._lost = ""  # why the evaluator is gone (EvaluatorLost): the run stops
 
     # ----------------------------------------------------------------- events
 
@@ -143,6 +146,7 @@ class Engine:
             s.device = resolve_backend(s.device)
         backend = s.device
         info = device_info(backend)
+        auto_parallel = not s.parallel
         if not s.parallel:
             s.parallel = 4 if backend == "cuda" else 2
         if s.compile_baseline is None:
@@ -159,6 +163,8 @@ class Engine:
         self.emit(ev.RunStarted(run_dir=str(self.run_dir), model=s.model, device=backend,
                                 device_name=info.name, proposer=proposer.name, settings=s.to_json()))
         try:
+            if self._evaluator is None and s.cluster:
+                await self._start_cluster(backend, auto_parallel)
             if not s.resume:
                 await self._prepare(backend)
             else:
@@ -182,16 +188,22 @@ class Engine:
             finally:
                 poller.cancel()
             summary = await self._finish()
+            if self._lost:
+                raise EvaluatorLost(self._lost)
             return summary
         except BaseException as e:
             if isinstance(e, UsageError) and self._made_dir is not None and not self.tasks:
                 self._discard_run()  # a mistyped model leaves nothing behind to block the next try
             if self.store is not None:
-                status = "stopped" if isinstance(e, (KeyboardInterrupt, asyncio.CancelledError)) else "failed"
+                status = "stopped" if isinstance(e, (KeyboardInterrupt, asyncio.CancelledError, EvaluatorLost)) \
+                    else "failed"
                 try:
                     self.store.set_run_status(status)
                 except Exception:
                     pass
+            if isinstance(e, EvaluatorLost):  # stopped cleanly: say how to go on
+                raise EvaluatorLost(f"{e}; the run is stopped with everything evaluated so far: "
+                                    f"`kforge resume {self.run_dir}` continues it") from None
             raise
         finally:
             if self._evaluator is not None and self._proposer is not None:
@@ -201,6 +213,21 @@ class Engine:
                     pass
             if self.store is not None:
                 self.store.close()
+
+    async def _start_cluster(self, backend: str, auto_parallel: bool) -> None:
+        """--cluster: reach the cluster and admit its nodes before anything is captured, so a
+        cluster that cannot run this device fails the run in seconds, with the reason."""
+        from kforge_tui.cluster import make_evaluator
+
+        s = self.settings
+        self.log(f"evaluation on the Ray cluster ({s.cluster}): starting a worker on every node")
+        evaluator = make_evaluator(s.cluster, backend, log=self.log,
+                                   on_workers=lambda nodes: self.emit(ev.Workers(nodes=nodes)))
+        await evaluator.start(kernel_backends(backend, s.backend))
+        self._evaluator = evaluator
+        if auto_parallel or s.resume:  # enough in flight to keep every slot busy while others build
+            s.parallel = max(s.parallel, 2 * evaluator.n_workers)
+            self._slots = asyncio.Semaphore(s.parallel)
 
     def _make_proposer(self):
         if self.settings.llm:
@@ -457,6 +484,9 @@ class Engine:
         try:
             async with self._slots:
                 r = await self._evaluator.evaluate(ts.task.to_json(), str(self.run_dir), v.source)
+        except EvaluatorLost as e:
+            self._evaluator_lost(ts, None, node_id, e)
+            return
         except Exception as e:  # the first figure stands; say why it was not confirmed
             self.store.finish_node(node_id, status="lost", message=f"re-timing failed: {e}",
                                    result=None, reward=_fail_reward())
@@ -469,7 +499,7 @@ class Engine:
         time_us = r.timing.median_us if ok and r.timing else None
         self.store.finish_node(node_id, status=r.status, message=r.message, result=r.to_json(),
                                reward=_fail_reward() if not ok else 0.0, time_us=time_us,
-                               speedup=r.speedup if ok else None)
+                               speedup=r.speedup if ok else None, worker=r.worker)
         view = ts.views[node_id]
         view.status, view.message, view.time_us, view.speedup = r.status, r.message, time_us, r.speedup
         self.emit(ev.NodeFinished(task_id=tid, node_id=node_id, status=r.status, message=r.message,
@@ -612,6 +642,9 @@ class Engine:
         try:
             result = await self._evaluator.evaluate(ts.task.to_json(), str(self.run_dir), source,
                                                     on_stage=on_stage)
+        except EvaluatorLost as e:
+            self._evaluator_lost(ts, child, node_id, e)
+            return
         except Exception as e:  # the evaluator promises not to raise; if it does, record it
             await self._record(ts, child, node_id, status="crash",
                                message=f"evaluator error: {type(e).__name__}: {e}", result=None)
@@ -623,17 +656,29 @@ class Engine:
         await self._record(ts, child, node_id, status=result.status, message=result.message,
                            result=result)
 
+    def _lose(self, ts, child, node_id: int, message: str) -> None:
+        """Keep a node nobody could evaluate visible as lost: not charged, not in the tree."""
+        self.store.finish_node(node_id, status="lost", message=message, result=None, reward=_fail_reward())
+        if child is not None:
+            ts.tree.cancel(child)
+        self.emit(ev.NodeFinished(task_id=ts.task.task_id, node_id=node_id, status="lost", message=message,
+                                  time_us=None, speedup=None, reward=_fail_reward()))
+
+    def _evaluator_lost(self, ts, child, node_id: int, e: Exception) -> None:
+        """Where candidates run is gone (EvaluatorLost, a cluster that stopped answering): the
+        candidate is lost, not charged, and the run stops; `kforge resume` continues it."""
+        if not self._lost:
+            self._lost = str(e)
+            self.log(f"{e}: stopping the run", "error")
+        self._lose(ts, child, node_id, f"not evaluated: {e}")
+        self.request_stop(end_to_end=False)
+
     def _infra_failure(self, ts, child, node_id: int, message: str) -> None:
         """The machine, not the candidate, failed (out of memory even with the fewest input
         sets, ...): the node is kept visible as lost, never charged to the budget and never
         sent to repair. Three in a row stop the task with the reason."""
         tid = ts.task.task_id
-        self.store.finish_node(node_id, status="lost", message=f"not charged: {message}",
-                               result=None, reward=_fail_reward())
-        ts.tree.cancel(child)
-        self.emit(ev.NodeFinished(task_id=tid, node_id=node_id, status="lost",
-                                  message=f"not charged: {message}", time_us=None, speedup=None,
-                                  reward=_fail_reward()))
+        self._lose(ts, child, node_id, f"not charged: {message}")
         ts.infra_failures += 1
         self.log(f"{tid}: infrastructure failure, not charged to the budget: {message}", "warning")
         if ts.infra_failures >= 3:
@@ -650,7 +695,8 @@ class Engine:
         reward = mcts.reward(speedup) if ok and speedup else mcts.FAIL_REWARD
         self.store.finish_node(node_id, status=status, message=message,
                                result=result.to_json() if result is not None else None, reward=reward,
-                               time_us=time_us, speedup=speedup)
+                               time_us=time_us, speedup=speedup,
+                               worker=result.worker if result is not None else None)
         ts.tree.complete(child, reward=reward, ok=ok, time_us=time_us, speedup=speedup, message=message)
         v = ts.views[node_id]
         v.status, v.message, v.time_us, v.speedup = status, message, time_us, speedup

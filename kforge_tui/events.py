@@ -143,6 +143,14 @@ class LogLine(Event):
 
 
 @dataclass
+class Workers(Event):
+    """Evaluation workers per node of a Ray cluster run, sent when they change (a node joins,
+    leaves, or a worker dies): {"10.0.0.7:1d63c0b3": 4, ...}. Local runs send none."""
+
+    nodes: dict = field(default_factory=dict)
+
+
+@dataclass
 class RunFinished(Event):
     summary: dict  # {"tasks": [...], "end_to_end": {...} | None}
 
@@ -151,8 +159,8 @@ EventCallback = Callable[[Event], None]
 
 EVENT_TYPES = {cls.__name__: cls for cls in (RunStarted, Phase, ProfileReady, TaskAdded, TaskBaseline,
                                              TaskStatus, TaskBudget, NodeAdded, NodeStage, NodeFinished,
-                                             BestImproved, LLMUsage, LogLine, RunFinished)}
-STORED = (Phase, LogLine, TaskStatus)  # appended to the store's events table by the engine
+                                             BestImproved, LLMUsage, LogLine, Workers, RunFinished)}
+STORED = (Phase, LogLine, TaskStatus, Workers)  # appended to the store's events table by the engine
 
 
 def event_from_json(d: dict) -> Event:

@@ -65,7 +65,8 @@ CREATE TABLE nodes (
     action TEXT NOT NULL, proposer TEXT NOT NULL, params TEXT NOT NULL DEFAULT '{}',
     source TEXT, prompt TEXT, response TEXT, hand_written INTEGER NOT NULL DEFAULT 0,
     status TEXT NOT NULL, message TEXT NOT NULL DEFAULT '', result TEXT, reward REAL,
-    time_us REAL, speedup REAL, created REAL NOT NULL, finished REAL, seq INTEGER NOT NULL);
+    time_us REAL, speedup REAL, created REAL NOT NULL, finished REAL, seq INTEGER NOT NULL,
+    worker TEXT);
 CREATE INDEX nodes_task ON nodes(task_id, id);
 CREATE INDEX nodes_seq ON nodes(seq);
 CREATE TABLE llm_usage (
@@ -193,6 +194,8 @@ class RunStore:
         except sqlite3.Error as e:
             raise UsageError(f"{path}: cannot open ({e})") from None
         store = cls(run_dir, con, readonly)
+        if not readonly:
+            store._migrate()
         if owner:
             try:
                 store.claim_owner()
@@ -200,6 +203,14 @@ class RunStore:
                 store.close()
                 raise
         return store
+
+    def _migrate(self) -> None:
+        """Bring a store made by an older kforge up to this schema (additive: columns only, so
+        an older kforge still reads it)."""
+        cols = {r["name"] for r in self._q("PRAGMA table_info(nodes)")}
+        if "worker" not in cols:  # which worker and node evaluated a candidate (issue 23)
+            with self._tx() as c:
+                c.execute("ALTER TABLE nodes ADD COLUMN worker TEXT")
 
     @staticmethod
     def _connect(path: Path) -> sqlite3.Connection:
@@ -415,15 +426,16 @@ class RunStore:
 
     def finish_node(self, node_id: int, *, status: str, message: str, result: dict | None,
                     reward: float, time_us: float | None = None,
-                    speedup: float | None = None) -> None:
+                    speedup: float | None = None, worker: str | None = None) -> None:
+        """`worker`: who evaluated it ("<node>/<worker>", EvalResult.worker); None: nobody did."""
         if hasattr(result, "to_json"):
             result = result.to_json()
         with self._tx() as c:
             seq = self._bump(c)
             cur = c.execute("UPDATE nodes SET status=?, message=?, result=?, reward=?, time_us=?, "
-                            "speedup=?, finished=?, seq=? WHERE id = ?",
+                            "speedup=?, finished=?, seq=?, worker=? WHERE id = ?",
                             (status, message, _dumps(result), reward, time_us, speedup,
-                             time.time(), seq, node_id))
+                             time.time(), seq, worker or None, node_id))
             if cur.rowcount == 0:
                 raise KeyError(f"no node {node_id} in {self.path}")
 
@@ -448,6 +460,7 @@ class RunStore:
         if r["params"] is None:
             r["params"] = {}
         r["hand_written"] = bool(r["hand_written"])
+        r.setdefault("worker", None)  # a store from before the column, opened read-only
         return r
 
     def nodes(self, task_id: str | None = None, *, since_seq: int = 0) -> list[dict]:

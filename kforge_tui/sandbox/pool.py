@@ -36,10 +36,11 @@ import sys
 import tempfile
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 from kforge_tui.regions.task import Task
-from kforge_tui.sandbox.result import Baseline, EvalResult, Mismatch, Timing
+from kforge_tui.sandbox.result import Baseline, EvalResult, EvaluatorLost, Mismatch, Timing
 
 STDERR_TAIL_LINES = 200
 READY_TIMEOUT_S = 180.0  # importing torch (and creating a CUDA context) on a cold box
@@ -402,118 +403,21 @@ class EvaluatorPool:
         return Task.from_json(task_json).with_backend(self.backend).to_json()
 
     async def evaluate(self, task_json: dict, run_dir: str, source: str, on_stage=None) -> EvalResult:
-        self.stats["in_flight"] += 1
-        try:
-            return await self._evaluate(task_json, run_dir, source, on_stage)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # the contract: a recorded failure, never an exception
-            import traceback
-
-            return EvalResult("crash", "static", f"internal error in the evaluator: {type(e).__name__}: "
-                              f"{_one_line(str(e), 200)}", log=traceback.format_exc())
-        finally:
-            self.stats["in_flight"] -= 1
-            self.stats["evaluations"] += 1
+        return await recorded(self.stats, self._evaluate(task_json, run_dir, source, on_stage))
 
     async def _evaluate(self, task_json: dict, run_dir: str, source: str, on_stage) -> EvalResult:
-        from kforge_tui.sandbox.compile import compile_candidate
-        from kforge_tui.sandbox.static import check_source
+        built = await build_candidate(self.backend, task_json, source, target=self._compile_target,
+                                      cache_dir=self.cache_dir, compile_timeout_s=self.compile_timeout_s,
+                                      on_stage=on_stage)
+        if isinstance(built, EvalResult):
+            return built
+        return await self._run_built(self._task_json(task_json), task_json, run_dir, built.code, on_stage,
+                                     built.base, built.log)
 
-        stage_s: dict[str, float] = {}
-        try:
-            tj = self._task_json(task_json)
-            task = Task.from_json(tj)
-            sig = task.signature(self.backend)
-            header = task.header(self.backend) if self.backend != "triton" else ""
-        except Exception as e:
-            return EvalResult("static_error", "static", f"bad task: {_one_line(str(e), 200)}")
-        if not isinstance(source, str):
-            return EvalResult("static_error", "static", f"source is {type(source).__name__}, not text")
-        if self.backend == "triton":
-            return await self._evaluate_triton(tj, task_json, run_dir, source, sig, on_stage, stage_s)
-
-        # -- static (in-process: parsing only, no candidate code runs)
-        if on_stage:
-            await _call(on_stage, "static")
-        t = time.perf_counter()
-        rep = check_source(source, sig)
-        stage_s["static"] = time.perf_counter() - t
-        if not rep.ok:
-            diags = list(getattr(rep, "diagnostics", []) or [])
-            first = diags[0].text() if diags else "static check failed"
-            more = f" (+{len(diags) - 1} more)" if len(diags) > 1 else ""
-            return EvalResult("static_error", "static", _one_line(first + more), log=rep.text(),
-                              error_line=rep.first_line, stage_s=stage_s)
-
-        # -- compile (subprocess)
-        if on_stage:
-            await _call(on_stage, "compile")
+    async def _compile_target(self) -> tuple[str | None, asyncio.Semaphore | None]:
+        """(arch, compile slots), known once the workers run: the target is the first worker's."""
         await self.start()
-        assert self._compile_sem is not None
-        t = time.perf_counter()
-        async with self._compile_sem:
-            stage_s["compile_queue"] = time.perf_counter() - t  # waiting for a compile slot
-            t = time.perf_counter()
-            cr = await compile_candidate(source, self.backend, self.arch, self.cache_dir,
-                                         self.compile_timeout_s, header=header)
-        stage_s["compile"] = time.perf_counter() - t
-        base = dict(resources=dict(cr.resources or {}), compile_s=cr.seconds, cached=bool(cr.cached),
-                    stage_s=stage_s)
-        if not cr.ok:
-            if cr.timed_out:
-                return EvalResult("timeout", "compile",
-                                  _one_line(cr.message or f"compile timed out after {self.compile_timeout_s:g} s"),
-                                  log=cr.log, error_line=cr.error_line, **base)
-            if getattr(cr, "stage", "compile") == "link-check":  # the binary check refused it
-                return EvalResult("static_error", "static", _one_line(cr.message or "binary check failed"),
-                                  log=cr.log, error_line=cr.error_line, **base)
-            return EvalResult("compile_error", "compile", _one_line(cr.message or "compile failed"),
-                              log=cr.log, error_line=cr.error_line, **base)
-
-        # -- load, verify, time in a worker
-        return await self._run_built(tj, task_json, run_dir, {"lib_path": str(cr.lib_path)}, on_stage, base,
-                                     cr.log or "")
-
-    async def _evaluate_triton(self, tj: dict, task_json: dict, run_dir: str, source: str, sig, on_stage,
-                               stage_s: dict) -> EvalResult:
-        """static check (here: Python's ast, no candidate code runs) -> the checked source into
-        the cache, content-addressed -> a worker: load (Triton's JIT) -> verify -> time."""
-        from kforge_tui.sandbox.triton_check import check_source
-
-        if on_stage:
-            await _call(on_stage, "static")
-        t = time.perf_counter()
-        rep = check_source(source, sig)
-        stage_s["static"] = time.perf_counter() - t
-        if not rep.ok:
-            diags = list(getattr(rep, "diagnostics", []) or [])
-            first = diags[0].text() if diags else "static check failed"
-            more = f" (+{len(diags) - 1} more)" if len(diags) > 1 else ""
-            return EvalResult("static_error", "static", _one_line(first + more), log=rep.text(),
-                              error_line=rep.first_line, stage_s=stage_s)
-        await self.start()
-        path = self._store_source(source)
-        base = dict(resources={"scratch_bytes": rep.scratch_bytes} if rep.scratch_bytes else {},
-                    stage_s=stage_s)
-        return await self._run_built(tj, task_json, run_dir, {"source_path": str(path)}, on_stage, base, "")
-
-    def _store_source(self, source: str) -> Path:
-        """cache_dir/triton/src/<sha256>.py, written once (atomic rename, owner-only)."""
-        import hashlib
-
-        d = self.cache_dir / "triton" / "src"
-        d.mkdir(parents=True, exist_ok=True)
-        data = source.encode("utf-8", errors="surrogatepass")
-        path = d / f"{hashlib.sha256(data).hexdigest()}.py"
-        if path.exists():
-            return path
-        tmp = d / f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-        return path
+        return self.arch, self._compile_sem
 
     async def evaluate_built(self, task_json: dict, run_dir: str, lib_path: str, on_stage=None) -> EvalResult:
         """Load, verify and time an already built library (no source or binary check): the
@@ -542,10 +446,12 @@ class EvaluatorPool:
             if on_stage:
                 await _call(on_stage, stage)
 
-        rep, failure, _w, queued = await self._run_on_worker(
+        rep, failure, w, queued = await self._run_on_worker(
             tj, run_dir, {"cmd": "evaluate", **code}, self.eval_timeout_s, on_event,
             capture_id=Task.from_json(task_json).task_id)
         stage_s["queue"] = queued
+        if w is not None:
+            base["worker"] = f"local/{self.device_kind}{w.device}"
         if failure:
             kind, _, text = failure.partition(":")
             if kind == "infra_error":
@@ -574,6 +480,125 @@ class EvaluatorPool:
                           baseline=Timing(**r["baseline"]) if r.get("baseline") else None,
                           compiled=Timing(**r["compiled"]) if r.get("compiled") else None,
                           floor_us=r.get("floor_us"), checks=r.get("checks") or {}, **base)
+
+
+async def recorded(stats: dict, evaluation) -> EvalResult:
+    """The Evaluator contract around one evaluation: counted in `stats`, and an evaluator's own
+    bug a recorded failure, never an exception (cancellation and EvaluatorLost go through)."""
+    stats["in_flight"] += 1
+    try:
+        return await evaluation
+    except (asyncio.CancelledError, EvaluatorLost):
+        raise
+    except Exception as e:
+        import traceback
+
+        return EvalResult("crash", "static", f"internal error in the evaluator: {type(e).__name__}: "
+                          f"{_one_line(str(e), 200)}", log=traceback.format_exc())
+    finally:
+        stats["in_flight"] -= 1
+        stats["evaluations"] += 1
+
+
+@dataclass
+class Built:
+    """A candidate past its static check, compile and binary check, ready for a worker: what
+    the local pool hands its workers and what cluster/ sends to a remote one."""
+
+    code: dict  # {"lib_path": ...} (C/C++/CUDA) or {"source_path": ...} (Triton)
+    base: dict  # EvalResult fields known so far: resources, compile_s, cached, stage_s
+    log: str = ""  # the compiler's output
+
+
+def _static_failure(rep, stage_s: dict) -> EvalResult:
+    diags = list(getattr(rep, "diagnostics", []) or [])
+    first = diags[0].text() if diags else "static check failed"
+    more = f" (+{len(diags) - 1} more)" if len(diags) > 1 else ""
+    return EvalResult("static_error", "static", _one_line(first + more), log=rep.text(),
+                      error_line=rep.first_line, stage_s=stage_s)
+
+
+async def build_candidate(backend: str, task_json: dict, source: str, *, target, cache_dir: str | Path,
+                          compile_timeout_s: float = 120.0, on_stage=None) -> Built | EvalResult:
+    """The CPU half of an evaluation: static check (parsing only: no candidate code runs) ->
+    compile + binary check (a subprocess; C/C++/CUDA) or the checked source into the cache
+    (Triton). A `Built` to hand a worker, or the failure as an EvalResult. Kept apart from the
+    pool so the same checks run wherever candidates are built (here, or a Ray CPU task).
+
+    `target()` is awaited only once the static check passed and gives (arch, compile slots or
+    None): the local pool starts its workers there, so a static error costs no worker."""
+    from contextlib import nullcontext
+
+    stage_s: dict[str, float] = {}
+    try:
+        task = Task.from_json(task_json).with_backend(backend)
+        sig = task.signature(backend)
+        header = task.header(backend) if backend != "triton" else ""
+    except Exception as e:
+        return EvalResult("static_error", "static", f"bad task: {_one_line(str(e), 200)}")
+    if not isinstance(source, str):
+        return EvalResult("static_error", "static", f"source is {type(source).__name__}, not text")
+    if backend == "triton":
+        from kforge_tui.sandbox.triton_check import check_source
+    else:
+        from kforge_tui.sandbox.static import check_source
+
+    # -- static (in-process: parsing only; Triton: Python's ast)
+    if on_stage:
+        await _call(on_stage, "static")
+    t = time.perf_counter()
+    rep = check_source(source, sig)
+    stage_s["static"] = time.perf_counter() - t
+    if not rep.ok:
+        return _static_failure(rep, stage_s)
+    arch, compile_sem = await target()
+    if backend == "triton":  # no compiler: the worker's loader JITs the checked source
+        resources = {"scratch_bytes": rep.scratch_bytes} if rep.scratch_bytes else {}
+        return Built({"source_path": str(store_source(cache_dir, source))},
+                     dict(resources=resources, stage_s=stage_s))
+
+    # -- compile (subprocess)
+    from kforge_tui.sandbox.compile import compile_candidate
+
+    if on_stage:
+        await _call(on_stage, "compile")
+    t = time.perf_counter()
+    async with compile_sem or nullcontext():
+        stage_s["compile_queue"] = time.perf_counter() - t  # waiting for a compile slot
+        t = time.perf_counter()
+        cr = await compile_candidate(source, backend, arch, cache_dir, compile_timeout_s, header=header)
+    stage_s["compile"] = time.perf_counter() - t
+    base = dict(resources=dict(cr.resources or {}), compile_s=cr.seconds, cached=bool(cr.cached),
+                stage_s=stage_s)
+    if not cr.ok:
+        if cr.timed_out:
+            return EvalResult("timeout", "compile",
+                              _one_line(cr.message or f"compile timed out after {compile_timeout_s:g} s"),
+                              log=cr.log, error_line=cr.error_line, **base)
+        if getattr(cr, "stage", "compile") == "link-check":  # the binary check refused it
+            return EvalResult("static_error", "static", _one_line(cr.message or "binary check failed"),
+                              log=cr.log, error_line=cr.error_line, **base)
+        return EvalResult("compile_error", "compile", _one_line(cr.message or "compile failed"),
+                          log=cr.log, error_line=cr.error_line, **base)
+    return Built({"lib_path": str(cr.lib_path)}, base, cr.log or "")
+
+
+def store_source(cache_dir: str | Path, source: str) -> Path:
+    """cache_dir/triton/src/<sha256>.py, written once (atomic rename, owner-only)."""
+    import hashlib
+
+    d = Path(cache_dir) / "triton" / "src"
+    d.mkdir(parents=True, exist_ok=True)
+    data = source.encode("utf-8", errors="surrogatepass")
+    path = d / f"{hashlib.sha256(data).hexdigest()}.py"
+    if path.exists():
+        return path
+    tmp = d / f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+    return path
 
 
 def _last_line(text: str) -> str:

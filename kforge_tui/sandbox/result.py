@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
+from kforge_tui.errors import WorkFailed
+
 STAGES = ("static", "compile", "load", "verify", "time")
 OK = "ok"
 FAIL_STATUSES = ("static_error", "compile_error", "load_error", "verify_error", "time_error",
@@ -82,6 +84,7 @@ class EvalResult:
     # what verification ran: {"sets": n, "calls": n, "edge_cases": [...], "replay_checks": n,
     # "timed_checks": n, "fresh_timed": n, "runner": "fresh process per candidate", ...}
     checks: dict = field(default_factory=dict)
+    worker: str = ""  # who evaluated it, "<node>/<worker>": "local/cuda0", "10.0.0.7:1d63c0b3/cuda1"
 
     @property
     def ok(self) -> bool:
@@ -133,8 +136,15 @@ class Baseline:
     seed: dict | None = None
 
 
+class EvaluatorLost(WorkFailed):
+    """Where candidates run is gone for good (a Ray cluster that stopped answering): raised by
+    `evaluate`/`baseline` instead of a result, since nothing is known about the candidate. The
+    engine stops the run; in-flight candidates are lost, never charged; `kforge resume` goes on."""
+
+
 class Evaluator(Protocol):
-    """Submit a candidate, get a result. Implemented by sandbox.pool.EvaluatorPool.
+    """Submit a candidate, get a result. Implemented by sandbox.pool.EvaluatorPool (worker
+    processes here) and cluster.executor.RayEvaluator (Ray actors across nodes).
 
     Kept this narrow so the pool can later be spread over machines without touching the search.
     `on_stage(stage)` is called as the candidate enters each stage (for live UIs).

@@ -133,6 +133,7 @@ class RunModel:
         self.llm_calls = 0
         self.llm_failures = 0
         self.llm_last_error = ""
+        self.workers: dict[str, int] = {}  # Ray cluster runs: evaluation workers per node
         self.profile_rows: list[dict] = []
         self.tasks: dict[str, TaskView] = {}
         self.nodes: dict[int, NodeState] = {}
@@ -333,6 +334,9 @@ class RunModel:
         self.prompt_tokens, self.completion_tokens, self.cost_usd = e.prompt_tokens, e.completion_tokens, e.cost_usd
         self.llm_calls, self.llm_failures, self.llm_last_error = e.calls, e.failures, e.last_error
         d.header = True
+
+    def _on_Workers(self, e: ev.Workers, d: Dirty) -> None:
+        self.workers, d.header = dict(e.nodes), True
 
     def _on_LogLine(self, e: ev.LogLine, d: Dirty) -> None:
         self.logs.append(e)

@@ -60,6 +60,8 @@ def timing_text(node: dict) -> str:
     if r.get("speedup"):  # first: the logs pane is a few lines tall and the timing lines wrap
         lines.append(f"speedup   {r['speedup']:.3f}x vs eager")
     lines += [_timing("candidate", r.get("timing")), _timing("eager", r.get("baseline"))]
+    if node.get("worker"):  # where both were timed (a Ray cluster's node, or this machine)
+        lines.append(f"worker    {node['worker']}")
     lines.append(f"floor     {r['floor_us']:.2f} µs (memory roofline)" if r.get("floor_us") else "floor     -")
     res = r.get("resources") or {}
     if res:

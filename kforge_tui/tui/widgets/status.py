@@ -4,6 +4,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from kforge_tui.cluster import workers_text
 from kforge_tui.tui.model import RunModel
 
 
@@ -30,6 +31,8 @@ class StatusBar(Static):
         t.append(f"{run_state(m):<9}", style=STATE_STYLE.get(run_state(m), "bold" if m.running else ""))
         t.append(f" elapsed {fmt_elapsed(m.elapsed(now))}")
         t.append(f"  {m.per_minute(now):5.1f} cand/min")
+        if m.workers:  # a Ray cluster run
+            t.append(f"  {workers_text(m.workers)}")
         t.append(f"  in flight {len(m.in_flight)}")
         t.append(f"  LLM {m.prompt_tokens + m.completion_tokens:,} tok ${m.cost_usd:.4f}")
         if m.llm_failures:  # 429s and 5xx after retries: the user should see the provider struggle
