@@ -39,11 +39,6 @@ def parse_cluster(value: str | None) -> str | None:
     raise UsageError(f"--cluster must be local, ray or ray://HOST:PORT, not {value!r}")
 
 
-def ray_address(spec: str) -> str:
-    """What ray.init is given for a parsed `--cluster` value."""
-    return (os.environ.get("RAY_ADDRESS") or "auto") if spec == "ray" else spec
-
-
 def connect(spec: str, device: str) -> None:
     """Reach the cluster now (one line and exit 2 when it cannot be: Ray missing, no answer,
     no node with a GPU for --device cuda), before a run directory or a screen exists."""

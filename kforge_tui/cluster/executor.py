@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kforge_tui.cluster import ray_address
 from kforge_tui.cluster.facts import PROBE_TIMEOUT_S, collect, describe, mismatch
 from kforge_tui.errors import UsageError, WorkFailed
 from kforge_tui.regions.task import Task
@@ -32,6 +31,12 @@ from kforge_tui.sandbox.pool import READY_TIMEOUT_S, SUPERVISOR_GRACE_S, _call, 
 from kforge_tui.sandbox.result import Baseline, EvalResult, EvaluatorLost, Timing
 
 NAMESPACE = "kforge"
+
+
+def ray_address(spec: str) -> str:
+    """What ray.init is given for a parsed `--cluster` value."""
+    return (os.environ.get("RAY_ADDRESS") or "auto") if spec == "ray" else spec
+
 CONNECT_TIMEOUT_S = 45.0  # ray.init to an address nobody answers at would wait for minutes
 REFRESH_S = 5.0
 MAX_ATTEMPTS = 3

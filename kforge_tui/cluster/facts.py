@@ -45,11 +45,11 @@ def probe(device: str) -> dict:
     threads = thread_env()  # what a worker here would run with (before torch reads it)
     import torch
 
-    import kforge_tui
+    from kforge_tui._version import __version__
     from kforge_tui.device import _cpu_name, cxx_path, nvcc_path
 
     facts = {"device": device, "host": os.uname().nodename, "torch": torch.__version__,
-             "kforge": f"{kforge_tui.__version__}+{source_digest()}"}
+             "kforge": f"{__version__}+{source_digest()}"}
     if device == "cuda":
         if not torch.cuda.is_available():
             facts["name"] = "no CUDA GPU visible"
