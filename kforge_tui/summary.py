@@ -399,14 +399,15 @@ def format_show(data: dict, width: int | None = None) -> str:
                                   + (" (noisy leader)" if t.get("noisy_leader") else "") for t in ts])]
     if not any(t.get("compiled_us") for t in ts):
         cols = [c for c in cols if c[0] not in ("compile", "xc")]
-    head = _clip(f"run {data['run_dir']}  model {data.get('model')}  [{data.get('status')}]", width)
+    head = _clip(f"[{data.get('status')}] run {data['run_dir']}  model {data.get('model')}", width)
     table = format_table(cols, width, "op", drop=("floor", "spread", "dtype", "xc", "compile"))
     lines = [head, table[0], "─" * min(width, max(len(r) for r in table)), *table[1:]]
     clocks = {c for t in ts for c in (t.get("baseline_clock"), t.get("compiled_clock")) if c}
     if clocks:
         lines.append("clocks: " + ", ".join(sorted(clocks)) + " (each reference as its row labels it)")
-    lines.append("eager, compile: the pooled references (median of every side-by-side timing); "
-                 "vs eager = eager / best"[:width])
+    refs = "eager, compile: the pooled references" if any(c[0] == "compile" for c in cols) else \
+        "eager: the pooled reference"
+    lines.append(_clip(f"{refs} (median of every side-by-side timing); vs eager = eager / best", width))
     if data.get("phases"):
         lines.append(format_phases(data["phases"]))
     e2e = data.get("end_to_end")

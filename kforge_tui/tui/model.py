@@ -283,7 +283,7 @@ class RunModel:
     def _on_Phase(self, e: ev.Phase, d: Dirty) -> None:
         prev, prev_ts = self.phase, self.phase_started
         self.phase, self.phase_detail, self.phase_started = e.name, e.detail, e.ts
-        took = f"  ({prev} took {fmt_s(e.ts - prev_ts)})" if prev and prev_ts is not None and \
+        took = f" ({prev} took {fmt_s(e.ts - prev_ts)})" if prev and prev_ts is not None and \
             prev not in ("done", "interrupted") else ""
         self.logs.append(LogEntry(e.ts, "phase", f"[{e.name}] {e.detail}".rstrip() + took))
         d.logs = True

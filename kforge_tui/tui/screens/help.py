@@ -41,6 +41,11 @@ class HelpScreen(ModalScreen[None]):
         self.keys = keys or {}  # binding id -> the key(s) in effect (after the user's keymap)
 
     def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="dialog", id="help"):
+            yield Static(self.table())
+            yield Static("esc closes this help.")
+
+    def table(self) -> Table:
         table = Table(title="kforge keys", show_edge=False)
         table.add_column("key", style="bold", no_wrap=True)
         table.add_column("action")
@@ -51,6 +56,4 @@ class HelpScreen(ModalScreen[None]):
             table.add_row(escape(self.keys.get(b.id) or b.key_display or b.key), escape(text), b.id or "")
         for key, text, ids in EXTRA:
             table.add_row(escape(key), escape(text), ids)
-        with VerticalScroll(classes="dialog", id="help"):
-            yield Static(table)
-            yield Static("esc closes this help.")
+        return table
