@@ -390,15 +390,16 @@ class RunStore:
     # Re-timings are not search candidates: they count neither as evaluated nor as failed.
     # The reference times and the winner are summary.TaskFigures' (the TUI's live model applies
     # the same class), from these light columns of every finished node.
+    # (only verified nodes' results are parsed: a failed one's is mostly its compiler log)
     _FIGURES_SQL = """
         SELECT id, task_id, parent_id, action, status, time_us,
-          json_extract(result, '$.timing.median_us') AS t_med,
-          json_extract(result, '$.timing.p10_us') AS t_p10,
-          json_extract(result, '$.timing.p90_us') AS t_p90,
-          json_extract(result, '$.baseline.median_us') AS eager_us,
-          json_extract(result, '$.compiled.median_us') AS compiled_us,
-          json_extract(result, '$.baseline.clock') AS eager_clock,
-          json_extract(result, '$.compiled.clock') AS compiled_clock
+          CASE WHEN status = 'ok' THEN json_extract(result, '$.timing.median_us') END AS t_med,
+          CASE WHEN status = 'ok' THEN json_extract(result, '$.timing.p10_us') END AS t_p10,
+          CASE WHEN status = 'ok' THEN json_extract(result, '$.timing.p90_us') END AS t_p90,
+          CASE WHEN status = 'ok' THEN json_extract(result, '$.baseline.median_us') END AS eager_us,
+          CASE WHEN status = 'ok' THEN json_extract(result, '$.compiled.median_us') END AS compiled_us,
+          CASE WHEN status = 'ok' THEN json_extract(result, '$.baseline.clock') END AS eager_clock,
+          CASE WHEN status = 'ok' THEN json_extract(result, '$.compiled.clock') END AS compiled_clock
         FROM nodes WHERE parent_id IS NOT NULL AND status NOT IN ('pending', 'lost')"""
 
     def _figures(self, task_id: str | None = None) -> dict[str, list]:

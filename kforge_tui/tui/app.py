@@ -79,12 +79,12 @@ def tree_title(t, width: int) -> str:
     apart, so the op name (then the words) give way first, never the shape."""
     shape = "x".join(map(str, t.shape))
     room = max(width - 4, 0)  # the border's corners and a space each side
-    for head in ("search tree [2] ", "tree [2] ", "[2] "):
-        if len(head) + len(t.op) + 1 + len(shape) <= room:
-            return f"{head}{t.op} {shape}"
-    op_room = room - len("[2] ") - 1 - len(shape)
-    op = t.op if len(t.op) <= op_room else (t.op[:max(op_room - 1, 1)] + "…")
-    return f"[2] {op} {shape}"
+    for head, least in (("search tree [2] ", 8), ("tree [2] ", 4), ("[2] ", 1)):
+        op_room = room - len(head) - 1 - len(shape)
+        if op_room >= min(least, len(t.op)):
+            op = t.op if len(t.op) <= op_room else t.op[:max(op_room - 1, 1)] + "…"
+            return f"{head}{op} {shape}"
+    return f"[2] {shape}"
 
 
 def _first_line(e: BaseException) -> str:
