@@ -344,7 +344,7 @@ class Engine:
             ts.status = t["status"]
             # what the user asked before the run was interrupted still holds (stored control state)
             ctl = t.get("control") or {}
-            if ctl.get("stopped") or t["status"] == "stopped":
+            if ctl.get("stopped"):
                 ts.stopped = True
                 ts.tree.stop()
             ts.paused = bool(ctl.get("paused"))
@@ -687,7 +687,7 @@ class Engine:
         self.log(f"{tid}: infrastructure failure, not charged to the budget: {message}", "warning")
         if ts.infra_failures >= 3:
             self.log(f"{tid}: stopped after 3 infrastructure failures in a row", "error")
-            self.stop_task(tid)
+            self.stop_task(tid, by_user=False)  # not stored: a resume tries again
 
     async def _record(self, ts: SearchState, child, node_id: int, *, status: str, message: str, result) -> None:
         from kforge_tui.search import mcts
@@ -848,13 +848,15 @@ class Engine:
         self.log(f"{task_id}: budget now {ts.tree.budget}")
         self._wake(task_id)
 
-    def stop_task(self, task_id: str) -> None:
+    def stop_task(self, task_id: str, *, by_user: bool = True) -> None:
+        """Stop an op; a stop the user asked for is stored and holds after kill and resume."""
         ts = self.tasks.get(task_id)
         if ts is None or ts.status in ("done", "failed", "stopped"):
             return  # nothing runs: a finished task keeps the status that says how it ended
         ts.stopped = True
         ts.tree.stop()
-        self._control(task_id, stopped=True)
+        if by_user:
+            self._control(task_id, stopped=True)
         if ts.status != "searching":  # no search loop is running for it to notice
             self._set_status(ts, "stopped", "stopped by the user")
         else:  # at once, to every view; "stopped" follows when its in-flight candidates finish
