@@ -159,3 +159,26 @@ async def test_help_palette_and_mismatch_views_read_right():
                                                   "got": 0.12393330037593842}]}
     row = mismatch_text({"result": {"mismatch": mm}}).splitlines()[-1]
     assert row.split() == ["[3]", "0.122933298", "0.1239333"]
+
+
+async def test_user_work_goes_to_the_front_of_the_queue():
+    """A hand edit waited ~70 s behind every other op's candidates: the slot gate serves what the
+    user asked for first (in the order asked), then the search's own candidates."""
+    import asyncio
+
+    from kforge_tui.engine import _Slots
+
+    slots, order = _Slots(1), []
+    await slots.acquire()  # a candidate in flight holds the only slot
+
+    async def take(name: str, front: bool) -> None:
+        await slots.acquire(front=front)
+        order.append(name)
+        slots.release()
+
+    waiters = [asyncio.create_task(take(n, f)) for n, f in
+               (("search-1", False), ("search-2", False), ("hand", True), ("repair", True))]
+    await asyncio.sleep(0)
+    slots.release()
+    await asyncio.gather(*waiters)
+    assert order == ["hand", "repair", "search-1", "search-2"]
