@@ -1,3 +1,3 @@
-from kforge_tui.cli import main
+from kforge_tui.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -61,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["cuda", "cpu"])
     p.add_argument("--ops", help="comma-separated region names, kinds or aten ops to optimise "
                                  "(default: the heaviest regions)")
-    p.add_argument("--top", type=int, help="how many regions to optimise (default 5)")
-    p.add_argument("--budget", type=int, help="candidates evaluated per region (default 50)")
+    p.add_argument("--top", type=int, help="how many regions to optimise (default 5; 3 on the CPU)")
+    p.add_argument("--budget", type=int, help="candidates evaluated per region (default 50; 6 on the CPU)")
     p.add_argument("--backend", choices=["cuda", "triton", "auto", "cpu"],
                    help="kernel language: cuda (default on a GPU), triton, auto (each region in "
                         "both), cpu (C++, the default without a GPU)")
@@ -76,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", type=float, help="stop an op once this speedup is reached")
     p.add_argument("--compile-baseline", action=argparse.BooleanOptionalAction, default=None,
                    help="also time torch.compile as a baseline (default: on for cuda)")
-    p.add_argument("--no-apply", action="store_true", help="skip the end-to-end check at the end")
+    p.add_argument("--apply", dest="apply", action=argparse.BooleanOptionalAction, default=None,
+                   help="check and time the patched model end to end at the end (default: on a GPU; "
+                        "on the CPU `kforge apply` does it later)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--headless", action="store_true", help="no TUI: progress lines and a final table")
     p.add_argument("--json", action="store_true", help="with --headless: print the final summary as JSON")
@@ -183,26 +185,125 @@ def _with_profile(tasks, prof):
     return out
 
 
-def _settings_from_args(args):
+# A first run on a CPU (the README's first command on a 2-core machine) is measured in minutes:
+# the CPU defaults are a small search, and the end-to-end check (compiling and timing the whole
+# model with Inductor: minutes on 2 cores) is `kforge apply`'s, or `--apply`'s.
+CPU_DEFAULTS = {"budget": 6, "top": 3}
+GPU_DEFAULTS = {"budget": 50, "top": 5}
+
+
+def _settings_from_args(args, device: str | None = None):
     from kforge_tui.cluster import parse_cluster
     from kforge_tui.config import load_config
+    from kforge_tui.device import resolve_backend
     from kforge_tui.engine import OptimizeSettings
 
     cfg = load_config({"llm": args.llm, "api_base": args.api_base, "budget": args.budget,
                        "top": args.top, "parallel": args.parallel, "device": args.device,
                        "theme": args.theme, "cluster": args.cluster})
-    if cfg.budget < 1:
-        raise UsageError(f"--budget must be at least 1, not {cfg.budget}")
-    if cfg.top < 1:
-        raise UsageError(f"--top must be at least 1, not {cfg.top}")
+    device = device or resolve_backend(cfg.device)
+    defaults = CPU_DEFAULTS if device == "cpu" else GPU_DEFAULTS
+    budget = cfg.budget if cfg.budget is not None else defaults["budget"]
+    top = cfg.top if cfg.top is not None else defaults["top"]
+    if budget < 1:
+        raise UsageError(f"--budget must be at least 1, not {budget}")
+    if top < 1:
+        raise UsageError(f"--top must be at least 1, not {top}")
     ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
-    return OptimizeSettings(model=args.model, device=cfg.device, ops=ops, top=cfg.top,
-                            budget=cfg.budget, llm=cfg.llm, api_base=cfg.api_base,
+    end_to_end = args.apply if args.apply is not None else device != "cpu"
+    return OptimizeSettings(model=args.model, device=device, ops=ops, top=top,
+                            budget=budget, llm=cfg.llm, api_base=cfg.api_base,
                             parallel=cfg.parallel, run_dir=args.run_dir, run_root=cfg.run_root,
                             time_limit_s=args.time_limit, target_speedup=args.target,
-                            compile_baseline=args.compile_baseline, end_to_end=not args.no_apply,
+                            compile_baseline=args.compile_baseline, end_to_end=end_to_end,
                             backend=args.backend, cluster=parse_cluster(cfg.cluster),
                             seed=args.seed), cfg
+
+
+def _check_run_dir(settings) -> None:
+    """Where the run will live must be creatable, said in one line before anything loads: a
+    read-only directory, a path under a file and /proc are the user's input, not a crash."""
+    import tempfile
+
+    from kforge_tui.engine import default_run_dir
+
+    target = Path(settings.run_dir).expanduser() if settings.run_dir else default_run_dir(settings)
+    what = f"--run-dir {settings.run_dir}" if settings.run_dir else f"the run directory {target}"
+    if (target / "run.db").exists():
+        raise UsageError(f"{what} already holds a run; use `kforge resume {target}` or another --run-dir")
+    base = target
+    while not base.exists():
+        if base.parent == base:
+            break
+        base = base.parent
+    if not base.is_dir():
+        raise UsageError(f"{what}: {base} is a file, not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".kforge-probe-", dir=base))
+    except OSError as e:
+        raise UsageError(f"{what}: cannot create it in {base} ({e.strerror or e})") from None
+
+
+def _op_vocabulary() -> set[str]:
+    """Every name a region can be selected by (select.matches): kinds, patterns, labels, the
+    torch functions and modules users call, aten ops. Broad on purpose: it only catches names
+    that match nothing anywhere, before the model is even loaded."""
+    import operator
+
+    import torch
+
+    from kforge_tui.regions import partition, patterns
+
+    names = {"compute", "pointwise", "reduction", "fused", *patterns.OPS, *partition.FRIENDLY.values(),
+             *partition._MODULE_NAMES.values(), *partition._PY_OPS.values()}
+    for mod in (torch, torch.nn.functional, torch.Tensor, torch.special, torch.linalg, torch.fft, operator):
+        names.update(n.lower() for n in dir(mod) if not n.startswith("__"))
+    names.update(n.lower() for n in dir(torch.nn) if n[:1].isupper())
+    names.update(op.split("::", 1)[1].split(".")[0].lower() for op in torch._C._dispatch_get_all_op_names()
+                 if op.startswith("aten::"))
+    return names
+
+
+def _check_op_names(ops: list[str]) -> None:
+    """`--ops nosuchop` fails in a second, not after the capture and the profile."""
+    import re
+
+    vocab = _op_vocabulary()
+
+    def known(name: str) -> bool:
+        n = name.strip().lower()
+        if re.search(r"_\d+(x\d+)*_[a-z0-9]+_[0-9a-f]{6}$", n):  # a task id
+            return True
+        parts = [p for p in n.split("+") if p and p != "…"]
+        return bool(parts) and all(p in vocab or p.startswith("l_") or "__" in p for p in parts)
+
+    unknown = [o for o in ops if not known(o)]
+    if unknown:
+        raise UsageError(f"--ops: {', '.join(unknown)} names no op, pattern or kind kforge knows; use a "
+                         "region label (softmax, conv, batch_norm+relu), a pattern (rms_norm), a kind "
+                         "(compute, pointwise, reduction, fused), an aten op (addmm) or a task id; "
+                         "`kforge profile MODEL` lists the model's regions")
+
+
+def _plan(settings, args) -> str:
+    """What this run will do and roughly how long it takes, said up front."""
+    what = (f"{', '.join(settings.ops)}" if settings.ops else f"the {settings.top} heaviest regions")
+    e2e = "then the end-to-end check" if settings.end_to_end else \
+        "no end-to-end check (`--apply`, or `kforge apply` later)"
+    line = f"plan: {what}, {settings.budget} candidates each, {e2e}"
+    if settings.device == "cpu" and not settings.llm:
+        n = len(settings.ops or ()) or settings.top
+        per = CPU_SECONDS_PER_CANDIDATE / max(1, min(settings.parallel or 2, os.cpu_count() or 2))
+        est = CPU_FIXED_S + n * (settings.budget + 2) * per + (240 if settings.end_to_end else 0)
+        line += (f"; about {max(1, round(est / 60))} min on this CPU ({os.cpu_count()} cores; "
+                 f"--budget/--top change it)")
+    return line
+
+
+# Measured on a 2-core CPU (ResNet-50 sample, 2026-12-01): load, capture, profile and baselines
+# took about 60 s; a candidate about 9 s of one core (compile, verify, time, its re-timing share)
+CPU_FIXED_S = 60.0
+CPU_SECONDS_PER_CANDIDATE = 9.0
 
 
 def _private() -> None:
@@ -221,16 +322,25 @@ def _reach_cluster(settings) -> None:
 
 
 def cmd_optimize(args) -> int:
-    from kforge_tui.device import resolve_backend
+    from kforge_tui.config import load_config
 
     _private()
+    early = load_config({"llm": args.llm, "api_base": args.api_base})
+    if early.llm and early.api_base:  # before torch and litellm load (seconds): refused at once
+        from kforge_tui.search.proposers.llm import _check_reachable
+
+        _check_reachable(early.api_base, 2.0, given=True)
     settings, cfg = _settings_from_args(args)
     settings.device = resolve_backend(settings.device)
     _reach_cluster(settings)
+    _check_run_dir(settings)
+    if settings.ops:
+        _check_op_names(settings.ops)
     if settings.llm:
         from kforge_tui.search.proposers.llm import check_llm_settings
 
         check_llm_settings(settings.llm, settings.api_base)
+    _progress(args, _plan(settings, args))
     if not _use_tui(args):
         from kforge_tui.report import run_headless
 
@@ -362,6 +472,18 @@ HANDLERS = {"doctor": cmd_doctor, "profile": cmd_profile, "optimize": cmd_optimi
             "apply": cmd_apply, "export": cmd_export}
 
 
+SAMPLE_EXTRAS = ("transformers", "diffusers", "accelerate")
+
+
+def _hint(message: str) -> str:
+    """What to do about an error a user can fix with one command."""
+    for mod in SAMPLE_EXTRAS:
+        if f"No module named '{mod}'" in message:
+            return (f"; the sample models need the [models] extra: pip install -e '.[models]' in the "
+                    f"clone (or pip install {' '.join(SAMPLE_EXTRAS)}); `kforge doctor` checks them")
+    return ""
+
+
 def _has_terminal() -> bool:
     return sys.stdout.isatty() and sys.stdin.isatty()
 
@@ -422,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     except KforgeError as e:
         if args.debug:
             traceback.print_exc()
-        print(f"kforge: error: {e}", file=sys.stderr)
+        print(f"kforge: error: {e}{_hint(str(e))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("kforge: interrupted; everything evaluated so far is in the run store", file=sys.stderr)
@@ -438,5 +560,20 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = saved
 
 
+def entry() -> None:
+    """The `kforge` command: main(), then a quiet exit. Once kforge has printed its last line
+    (the summary after the TUI closes), native extensions' exit-time chatter (triton's nanobind
+    reports ~27 "leaked" objects at interpreter shutdown) would bury it: stderr goes to
+    /dev/null for the shutdown only."""
+    rc = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    except OSError:
+        pass
+    sys.exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

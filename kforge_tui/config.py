@@ -6,8 +6,8 @@ or the file named by `KFORGE_CONFIG`. Every key is optional:
 
     llm = "openai/gpt-4.1"            # any litellm provider string; absent: built-in proposer
     api_base = "http://127.0.0.1:8000/v1"
-    budget = 50                       # candidates per task
-    top = 5                           # hot ops to optimise
+    budget = 50                       # candidates per task (default 50 on a GPU, 6 on the CPU)
+    top = 5                           # hot ops to optimise (default 5 on a GPU, 3 on the CPU)
     parallel = 4                      # evaluations in flight
     theme = "kforge-dark"
     run_root = "~/kforge_runs"
@@ -48,8 +48,8 @@ ENV = {  # setting -> environment variable
 class Config:
     llm: str | None = None
     api_base: str | None = None
-    budget: int = 50
-    top: int = 5
+    budget: int | None = None  # None: the device's default (cli.GPU_DEFAULTS / CPU_DEFAULTS)
+    top: int | None = None
     parallel: int = 0  # 0: pick from the hardware
     theme: str = "kforge-dark"
     run_root: str = "kforge_runs"

@@ -36,9 +36,9 @@ def _run(cmd: list[str]) -> str:
 
 def _python() -> Check:
     v = sys.version_info
-    ok = v >= (3, 10)
+    ok = v >= (3, 11)
     return Check("python", ok, f"{platform.python_version()} ({sys.executable})",
-                 "" if ok else "use Python 3.10 or newer")
+                 "" if ok else "use Python 3.11 or newer (tomllib)")
 
 
 def _torch() -> list[Check]:
@@ -46,7 +46,8 @@ def _torch() -> list[Check]:
         import torch
     except Exception as exc:
         return [Check("torch", False, f"not importable: {exc}",
-                      "pip install torch (a CUDA build from https://pytorch.org for GPU kernels)")]
+                      "pip install torch --index-url https://download.pytorch.org/whl/cpu (CPU only), "
+                      "or a CUDA build from https://pytorch.org for GPU kernels")]
     cuda_build = torch.version.cuda
     detail = f"{torch.__version__}, " + (f"CUDA {cuda_build} build" if cuda_build else "CPU-only build")
     checks = [Check("torch", True, detail,
@@ -111,6 +112,24 @@ def _textual() -> Check:
     return Check("textual", True, v)
 
 
+def _sample_extras() -> Check:
+    """The `[models]` extra the sample models (sample_models/*.py) import: library model code.
+    Asked through package metadata (no import: transformers takes seconds to import)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found, missing = [], []
+    for pkg in ("transformers", "diffusers", "accelerate"):
+        try:
+            found.append(f"{pkg} {version(pkg)}")
+        except PackageNotFoundError:
+            missing.append(pkg)
+    if missing:
+        return Check("sample models", False, f"missing: {', '.join(missing)} (the sample models import them; "
+                     "your own models do not need them)",
+                     "pip install -e '.[models]' in the clone (or pip install " + " ".join(missing) + ")")
+    return Check("sample models", True, ", ".join(found))
+
+
 def _llm(llm: str | None, api_base: str | None) -> Check:
     if not llm:
         return Check("llm", True, "none configured: the built-in proposer will be used (works offline)",
@@ -130,7 +149,8 @@ def _llm(llm: str | None, api_base: str | None) -> Check:
 def run_checks(llm: str | None = None, api_base: str | None = None) -> list[Check]:
     """All checks, in the order a user reads them."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    return [_python(), *_torch(), _nvcc(), _cxx(), _tree_sitter(), _textual(), _llm(llm, api_base)]
+    return [_python(), *_torch(), _nvcc(), _cxx(), _tree_sitter(), _textual(), _sample_extras(),
+            _llm(llm, api_base)]
 
 
 def format_checks(checks: list[Check]) -> str:

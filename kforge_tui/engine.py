@@ -91,8 +91,6 @@ class SearchState:
     baseline: dict | None = None
     best_speedup: float = 0.0
     iteration: int = 0
-    repairs: list = field(default_factory=list)  # node ids queued for repair by the user
-    hand: list = field(default_factory=list)  # (parent_id, source) queued by the user
     started: float = field(default_factory=time.time)
     status: str = "waiting"  # the last status written to the store (store.TASK_STATUSES)
     exhausted: str = ""  # set when no node at all could be expanded in this round of search
@@ -116,9 +114,12 @@ class Engine:
         self._paused_all = False
         self._stop = False
         self._made_dir: bool | None = None  # whether _create_store made the run directory itself
-        self._slots: asyncio.Semaphore | None = None
+        self._slots: _Slots | None = None
         self._serve_wake: asyncio.Event | None = None
         self._lost = ""  # why the evaluator is gone (EvaluatorLost): the run stops
+        self._searching = asyncio.Event()  # set once the evaluator and the baselines are ready
+        self._user_tasks: set = set()  # hand-written kernels and repairs being evaluated
+        self._started_at = time.time()
 
     # ----------------------------------------------------------------- events
 
@@ -151,7 +152,7 @@ class Engine:
             s.parallel = 4 if backend == "cuda" else 2
         if s.compile_baseline is None:
             s.compile_baseline = backend == "cuda"
-        self._slots = asyncio.Semaphore(max(1, s.parallel))
+        self._slots = _Slots(max(1, s.parallel))
         self._serve_wake = asyncio.Event()
         proposer = self._proposer or self._make_proposer()
         self._proposer = proposer
@@ -160,13 +161,19 @@ class Engine:
             self._open_existing()
         else:
             self._create_store(info, proposer)
+        self._started_at = time.time()
         self.emit(ev.RunStarted(run_dir=str(self.run_dir), model=s.model, device=backend,
-                                device_name=info.name, proposer=proposer.name, settings=s.to_json()))
+                                device_name=info.name, proposer=proposer.name, settings=s.to_json(),
+                                ts=self._started_at))
+        beat = asyncio.create_task(self._heartbeat())
         try:
             if self._evaluator is None and s.cluster:
                 await self._start_cluster(backend, auto_parallel)
             if not s.resume:
                 await self._prepare(backend)
+                from kforge_tui.store import register_run
+
+                register_run(self.run_dir)  # only a run whose model loaded is worth listing
             else:
                 self._restore_tasks()
             if not self.tasks:
@@ -179,12 +186,15 @@ class Engine:
             await self._baselines()
             self.emit(ev.Phase(name="search", detail=f"{len(self.tasks)} regions, budget {s.budget} each"))
             self.store.set_run_status("running")
+            self._searching.set()
             poller = asyncio.create_task(self._poll_commands())
             try:
                 await asyncio.gather(*(self._search_task(ts) for ts in self.tasks.values()))
+                await self._user_work_done()
                 self.emit(ev.Phase(name="done", detail="the search is over"))
                 while s.serve and not self._stop:
                     await self._serve_once()
+                await self._user_work_done()
             finally:
                 poller.cancel()
             summary = await self._finish()
@@ -206,6 +216,7 @@ class Engine:
                                     f"`kforge resume {self.run_dir}` continues it") from None
             raise
         finally:
+            beat.cancel()
             if self._evaluator is not None and self._proposer is not None:
                 try:
                     await self._evaluator.close()
@@ -239,7 +250,7 @@ class Engine:
         return BuiltinProposer()
 
     def _create_store(self, info, proposer) -> None:
-        from kforge_tui.store import RunStore, register_run
+        from kforge_tui.store import RunStore
 
         if self.run_dir is None:
             self.run_dir = default_run_dir(self.settings)
@@ -252,7 +263,6 @@ class Engine:
                                      settings=self.settings.to_json(), device=info.to_json(),
                                      proposer=proposer.name)
         self._made_dir = not existed
-        register_run(self.run_dir)
 
     def _discard_run(self) -> None:
         """Remove what _create_store made (the directory, or only its files in a directory the user gave)."""
@@ -290,6 +300,8 @@ class Engine:
         with _forward_log("kforge.workload", self):  # skips and caps reach the user
             traced = await asyncio.to_thread(trace_model, self.loaded, kinds[0],
                                              max_calls=s.max_calls)
+        if s.ops:  # before the profile: a mistyped name fails now, not after the timing
+            _check_ops(traced.tasks(), s.ops)
         self.emit(ev.Phase(name="profile", detail=f"{len(traced.records)} regions"))
         prof = await asyncio.to_thread(profile_regions, self.loaded, traced,
                                        compile_top=max(s.top, len(s.ops or ())) + 2)
@@ -356,15 +368,32 @@ class Engine:
             ts = self._add_task_state(task, t["budget"], root_id=None, rows=rows)
             ts.confirm_of = {r["id"]: r["parent_id"] for r in every if r not in rows}
             ts.baseline = t.get("baseline")
-        self.log(f"resumed {len(self.tasks)} regions from {self.run_dir}")
+            ts.status = t["status"]
+            # what the user asked before the run was interrupted still holds (stored control state)
+            ctl = t.get("control") or {}
+            if ctl.get("stopped"):
+                ts.stopped = True
+                ts.tree.stop()
+            ts.paused = bool(ctl.get("paused"))
+            if ts.status in ("done", "failed", "stopped"):  # a live view shows how it ended, not "waiting"
+                self.emit(ev.TaskStatus(task_id=task.task_id, status=ts.status,
+                                        detail="stopped by the user" if ts.status == "stopped" else ""))
+        self._paused_all = bool(self.store.control().get("*", {}).get("paused"))
+        held = [tid for tid, ts in self.tasks.items() if ts.stopped or ts.paused or self._paused_all]
+        self.log(f"resumed {len(self.tasks)} regions from {self.run_dir}"
+                 + (f"; stopped or paused as you left them: {', '.join(held)}" if held else ""))
 
     def _replay_node(self, task_id: str, row: dict) -> None:
         self.emit(ev.NodeAdded(task_id=task_id, node_id=row["id"], parent_id=row["parent_id"],
                                action=row["action"], proposer=row["proposer"]))
-        if row["status"] != "pending":
+        if row["status"] != "pending":  # at its own time: a resumed run's rate counts only new work
+            from kforge_tui.summary import figure_fields
+
             self.emit(ev.NodeFinished(task_id=task_id, node_id=row["id"], status=row["status"],
                                       message=row.get("message") or "", time_us=row.get("time_us"),
-                                      speedup=row.get("speedup"), reward=row.get("reward") or 0.0))
+                                      speedup=row.get("speedup"), reward=row.get("reward") or 0.0,
+                                      ts=row.get("finished") or time.time(),
+                                      **figure_fields(row.get("result"))))
 
     async def _baselines(self) -> None:
         self.emit(ev.Phase(name="baseline", detail="timing eager PyTorch" +
@@ -382,13 +411,18 @@ class Engine:
                 inductor_seed.remember(ts.task, b["seed"])
             self.emit(ev.TaskBaseline(task_id=ts.task.task_id, eager_us=b["eager"]["median_us"],
                                       compiled_us=(b.get("compiled") or {}).get("median_us"),
-                                      floor_us=b.get("floor_us")))
+                                      floor_us=b.get("floor_us"),
+                                      baseline={k: v for k, v in b.items() if k != "seed"}))
 
     # ----------------------------------------------------------------- search
 
     async def _search_task(self, ts: SearchState, confirm: bool = True) -> None:
         tid = ts.task.task_id
-        if ts.tree.done() and not ts.hand and not ts.repairs:
+        if ts.stopped:  # stored control state: a stop survives kill and resume
+            if ts.status != "stopped":
+                self._set_status(ts, "stopped", "stopped by the user")
+            return
+        if ts.tree.done():
             if ts.status not in ("done", "failed", "stopped"):
                 self._set_status(ts, "done" if ts.tree.best() else "failed", self._reason(ts))
             return
@@ -397,9 +431,8 @@ class Engine:
         ts.started = time.time()
         while True:
             ts.wake.clear()
-            self._drain_user_requests(ts)
             paused = ts.paused or self._paused_all
-            if self._stop or ts.stopped or (ts.tree.done() and not ts.hand and not ts.repairs):
+            if self._stop or ts.stopped or ts.tree.done():
                 break
             launched = False
             if not paused and len(ts.inflight) < self.settings.parallel and not ts.tree.done():
@@ -455,19 +488,19 @@ class Engine:
         top = sorted((v for v in ts.views.values() if v.status == "ok" and v.speedup and v.source
                       and v.parent_id is not None and not v.action.startswith("confirm:")
                       and v.node_id not in confirmed),
-                     key=lambda v: -v.speedup)[:self.CONFIRM_TOP]
+                     key=lambda v: v.time_us or float("inf"))[:self.CONFIRM_TOP]
         for v in top:
             if self._stop or ts.stopped:
                 return
             await self._retime(ts, v)
         while not (self._stop or ts.stopped):
-            best = self.store.task(tid)["best_node"]
+            best = self.store.task(tid)["leader_node"]  # the fastest figure, noisy or not
             v = ts.views.get(best) if best is not None else None
             if v is None or v.action.startswith("confirm:") or best in ts.confirm_of.values():
                 return
             if len(ts.confirm_of) >= self.CONFIRM_MAX:
                 self.log(f"{tid}: #{best} leads on its search figure alone: {self.CONFIRM_MAX} "
-                         "re-timings made, none faster", "warning")
+                         "re-timings made, none faster or quieter", "warning")
                 return
             await self._retime(ts, v)
 
@@ -500,12 +533,16 @@ class Engine:
         self.store.finish_node(node_id, status=r.status, message=r.message, result=r.to_json(),
                                reward=_fail_reward() if not ok else 0.0, time_us=time_us,
                                speedup=r.speedup if ok else None, worker=r.worker)
+        from kforge_tui.summary import figure_fields, fmt_pct, fmt_us
+
         view = ts.views[node_id]
         view.status, view.message, view.time_us, view.speedup = r.status, r.message, time_us, r.speedup
+        figs = figure_fields(r.to_json())
         self.emit(ev.NodeFinished(task_id=tid, node_id=node_id, status=r.status, message=r.message,
-                                  time_us=time_us, speedup=r.speedup, reward=0.0))
-        self.log(f"{tid}: #{v.node_id} re-timed side by side: "
-                 + (f"{v.speedup:.2f}x in the search, {r.speedup:.2f}x now" if ok and r.speedup
+                                  time_us=time_us, speedup=r.speedup, reward=0.0, **figs))
+        self.log(f"{tid}: #{v.node_id} re-timed side by side: "  # times: the ratios are the TUI's
+                 + (f"{fmt_us(v.time_us)} in the search, {fmt_us(time_us)} now "
+                    f"(spread {fmt_pct(figs['spread'])})" if ok and time_us
                     else f"failed now ({r.status}: {r.message})"),
                  "info" if ok else "warning")
 
@@ -527,7 +564,7 @@ class Engine:
                     "proposer has nothing new to try from any node")
         return ""
 
-    def _spawn(self, ts: SearchState, coro) -> None:
+    def _spawn(self, ts: SearchState, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
         ts.inflight.add(task)
 
@@ -538,19 +575,34 @@ class Engine:
                 self.log(f"{ts.task.task_id}: internal error in an expansion: {t.exception()!r}", "error")
 
         task.add_done_callback(_done)
+        return task
 
-    def _drain_user_requests(self, ts: SearchState) -> None:
-        while ts.hand:
-            parent_id, source = ts.hand.pop(0)
-            self._spawn(ts, self._evaluate_hand(ts, parent_id, source))
-        while ts.repairs:
-            node_id = ts.repairs.pop(0)
-            leaf = ts.tree.nodes.get(node_id)
-            if leaf is None:
-                continue
-            ctx = self._context(ts, leaf, "repair")
-            child, node_id = self._reserve(ts, leaf, "repair")
-            self._spawn(ts, self._expand(ts, leaf, child, node_id, ctx, slot_held=False))
+    def _user_work(self, ts: SearchState, coro) -> None:
+        """Start what the user asked for (a hand-written kernel, a repair) now, whatever the op's
+        search is doing (searching, stopped, done): it waits only for the evaluator to be ready
+        and then for the next free slot, ahead of the search's own candidates (_Slots)."""
+        async def when_ready():
+            await self._searching.wait()
+            await coro
+
+        task = self._spawn(ts, when_ready())
+        self._user_tasks.add(task)
+        task.add_done_callback(self._user_tasks.discard)
+
+    async def _user_work_done(self) -> None:
+        while self._user_tasks and not self._stop:
+            await asyncio.gather(*list(self._user_tasks), return_exceptions=True)
+
+    async def _heartbeat(self) -> None:
+        """The owner's heartbeat in the store: with the owner lock, how a TUI attached from
+        another process tells a live run from a dead (or hung) one."""
+        while True:
+            try:
+                if self.store is not None:
+                    self.store.beat(self._started_at)
+            except Exception:
+                pass
+            await asyncio.sleep(1.0)
 
     def _context(self, ts: SearchState, leaf, mode: str) -> ProposalContext:
         from kforge_tui.device import device_info
@@ -591,10 +643,12 @@ class Engine:
 
     async def _expand(self, ts: SearchState, leaf, child, node_id: int, ctx: ProposalContext,
                       slot_held: bool = True) -> None:
-        """One MCTS expansion: propose, evaluate, back up, emit. Releases the slot it was given."""
+        """One MCTS expansion: propose, evaluate, back up, emit. Releases the slot it was given
+        (a repair the user asked for takes one first, at the front of the queue)."""
+        if not slot_held:
+            await self._slots.acquire(front=True)
+            self.emit(ev.NodeStage(task_id=ts.task.task_id, node_id=node_id, stage="proposing"))
         try:
-            if not slot_held:
-                await self._slots.acquire()
             await self._expand_inner(ts, leaf, child, node_id, ctx)
         finally:
             self._slots.release()
@@ -621,17 +675,12 @@ class Engine:
             return
         await self._evaluate(ts, child, node_id, proposal.source)
 
-    async def _evaluate_hand(self, ts: SearchState, parent_id: int, source: str) -> None:
-        tid = ts.task.task_id
-        leaf = ts.tree.nodes[parent_id]
-        async with self._slots:
-            node_id = self.store.add_node(tid, parent_id, action="hand", proposer="hand", source=source,
-                                          hand_written=True, status="pending")
-            child = ts.tree.add_child(leaf, node_id=node_id, action="hand", mode="hand")
-            ts.views[node_id] = NodeView(node_id, parent_id, "hand", source)
-            self.emit(ev.NodeAdded(task_id=tid, node_id=node_id, parent_id=parent_id, action="hand",
-                                   proposer="hand"))
+    async def _evaluate_hand(self, ts: SearchState, child, node_id: int, source: str) -> None:
+        await self._slots.acquire(front=True)
+        try:
             await self._evaluate(ts, child, node_id, source)
+        finally:
+            self._slots.release()
 
     async def _evaluate(self, ts: SearchState, child, node_id: int, source: str) -> None:
         tid = ts.task.task_id
@@ -683,7 +732,7 @@ class Engine:
         self.log(f"{tid}: infrastructure failure, not charged to the budget: {message}", "warning")
         if ts.infra_failures >= 3:
             self.log(f"{tid}: stopped after 3 infrastructure failures in a row", "error")
-            self.stop_task(tid)
+            self.stop_task(tid, by_user=False)  # not stored: a resume tries again
 
     async def _record(self, ts: SearchState, child, node_id: int, *, status: str, message: str, result) -> None:
         from kforge_tui.search import mcts
@@ -693,8 +742,10 @@ class Engine:
         speedup = result.speedup if (ok and result is not None) else None
         time_us = result.timing.median_us if (ok and result and result.timing) else None
         reward = mcts.reward(speedup) if ok and speedup else mcts.FAIL_REWARD
-        self.store.finish_node(node_id, status=status, message=message,
-                               result=result.to_json() if result is not None else None, reward=reward,
+        from kforge_tui.summary import figure_fields
+
+        rj = result.to_json() if result is not None else None
+        self.store.finish_node(node_id, status=status, message=message, result=rj, reward=reward,
                                time_us=time_us, speedup=speedup,
                                worker=result.worker if result is not None else None)
         ts.tree.complete(child, reward=reward, ok=ok, time_us=time_us, speedup=speedup, message=message)
@@ -708,7 +759,7 @@ class Engine:
             v.error_log = message
         ts.iteration += 1
         self.emit(ev.NodeFinished(task_id=tid, node_id=node_id, status=status, message=message,
-                                  time_us=time_us, speedup=speedup, reward=reward))
+                                  time_us=time_us, speedup=speedup, reward=reward, **figure_fields(rj)))
         if ok and speedup and speedup > ts.best_speedup:
             ts.best_speedup = speedup
             self.emit(ev.BestImproved(task_id=tid, node_id=node_id, time_us=time_us, speedup=speedup,
@@ -736,12 +787,10 @@ class Engine:
     async def _serve_once(self) -> None:
         """Live TUI: after the budget, still evaluate hand-written kernels and repairs on request."""
         self._serve_wake.clear()
-        work = [ts for ts in self.tasks.values() if ts.hand or ts.repairs or
-                (not ts.tree.done() and not ts.stopped)]
-        if work:
+        work = [ts for ts in self.tasks.values() if not ts.tree.done() and not ts.stopped]
+        if work:  # more budget after the search (hand-written kernels and repairs run on their own)
             self.emit(ev.Phase(name="search", detail=f"{len(work)} regions"))
-            # hand-written kernels and repairs after the search: evaluated, not re-timed (the
-            # winner rule weighs an unconfirmed candidate by its own figure)
+            # not re-timed: the winner rule weighs an unconfirmed candidate by its own figure
             await asyncio.gather(*(self._search_task(ts, confirm=False) for ts in work))
             self.emit(ev.Phase(name="done", detail="the search is over"))
             return
@@ -823,6 +872,7 @@ class Engine:
         """Pause searching tasks (None: all, and any that starts later); a finished task keeps its status."""
         if task_id is None:
             self._paused_all = True
+        self._control(task_id, paused=True)
         for ts in self._chosen(task_id):
             if ts.status == "searching":
                 ts.paused = True
@@ -832,7 +882,10 @@ class Engine:
     def resume(self, task_id: str | None = None) -> None:
         if task_id is None:
             self._paused_all = False
+        self._control(task_id, paused=False)
         for ts in self._chosen(task_id):
+            if ts.paused and task_id is None:
+                self._control(ts.task.task_id, paused=False)
             ts.paused = False
             if ts.status == "paused" and not (task_id is not None and self._paused_all):
                 self._set_status(ts, "searching")
@@ -852,15 +905,29 @@ class Engine:
         self.log(f"{task_id}: budget now {ts.tree.budget}")
         self._wake(task_id)
 
-    def stop_task(self, task_id: str) -> None:
+    def stop_task(self, task_id: str, *, by_user: bool = True) -> None:
+        """Stop an op; a stop the user asked for is stored and holds after kill and resume."""
         ts = self.tasks.get(task_id)
         if ts is None or ts.status in ("done", "failed", "stopped"):
             return  # nothing runs: a finished task keeps the status that says how it ended
         ts.stopped = True
         ts.tree.stop()
+        if by_user:
+            self._control(task_id, stopped=True)
         if ts.status != "searching":  # no search loop is running for it to notice
             self._set_status(ts, "stopped", "stopped by the user")
+        else:  # at once, to every view; "stopped" follows when its in-flight candidates finish
+            self.emit(ev.TaskStatus(task_id=task_id, status="stopping",
+                                    detail=f"stopping: {len(ts.inflight)} in flight finish first"))
         self._wake(task_id)
+
+    def _control(self, task_id: str | None, **flags) -> None:
+        """Stored control state (store.set_control): survives kill and resume."""
+        if self.store is not None:
+            try:
+                self.store.set_control(task_id, **flags)
+            except Exception as e:
+                self.log(f"could not store {flags} for {task_id or 'the search'}: {e}", "warning")
 
     @staticmethod
     def _in_tree(ts: SearchState, node_id: int) -> int | None:
@@ -870,18 +937,31 @@ class Engine:
         return node_id if ts.tree.nodes.get(node_id) is not None else None
 
     def submit_source(self, task_id: str, parent_id: int, source: str) -> None:
+        """A hand-written kernel: in the store and the tree at once (queued), evaluated next."""
         ts = self.tasks.get(task_id)
         pid = self._in_tree(ts, parent_id) if ts is not None else None
-        if pid is not None:
-            ts.hand.append((pid, source))
-            self._wake(task_id)
+        if pid is None:
+            return
+        node_id = self.store.add_node(task_id, pid, action="hand", proposer="hand", source=source,
+                                      hand_written=True, status="pending")
+        child = ts.tree.add_child(ts.tree.nodes[pid], node_id=node_id, action="hand", mode="hand")
+        ts.views[node_id] = NodeView(node_id, pid, "hand", source)
+        self.emit(ev.NodeAdded(task_id=task_id, node_id=node_id, parent_id=pid, action="hand",
+                               proposer="hand"))
+        self.emit(ev.NodeStage(task_id=task_id, node_id=node_id, stage="queued"))
+        self._user_work(ts, self._evaluate_hand(ts, child, node_id, source))
 
     def repair(self, task_id: str, node_id: int) -> None:
+        """A repair of a failed node: reserved (queued) at once, proposed and evaluated next."""
         ts = self.tasks.get(task_id)
         nid = self._in_tree(ts, node_id) if ts is not None else None
-        if nid is not None:
-            ts.repairs.append(nid)
-            self._wake(task_id)
+        if nid is None:
+            return
+        leaf = ts.tree.nodes[nid]
+        ctx = self._context(ts, leaf, "repair")
+        child, new_id = self._reserve(ts, leaf, "repair")
+        self.emit(ev.NodeStage(task_id=task_id, node_id=new_id, stage="queued"))
+        self._user_work(ts, self._expand(ts, leaf, child, new_id, ctx, slot_held=False))
 
     def request_stop(self, end_to_end: bool | None = None) -> None:
         if end_to_end is not None:
@@ -891,6 +971,64 @@ class Engine:
 
 
 # --------------------------------------------------------------------- helpers
+
+class _Slots:
+    """At most `n` evaluations in flight over all tasks. What the user asked for (a hand-written
+    kernel, a repair) waits at the front of the queue: it is what a person is watching for."""
+
+    def __init__(self, n: int) -> None:
+        from collections import deque
+
+        self._free = n
+        self._front: deque = deque()
+        self._back: deque = deque()
+
+    async def acquire(self, front: bool = False) -> None:
+        if self._free > 0 and not self._front and not self._back:
+            self._free -= 1
+            return
+        queue = self._front if front else self._back
+        fut = asyncio.get_running_loop().create_future()
+        queue.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # handed a slot as we were cancelled: pass it on
+            elif fut in queue:
+                queue.remove(fut)
+            raise
+
+    def release(self) -> None:
+        for queue in (self._front, self._back):
+            while queue:
+                fut = queue.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+                    return
+        self._free += 1
+
+    async def __aenter__(self) -> "_Slots":
+        await self.acquire()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.release()
+
+
+def _check_ops(tasks, ops: list[str]) -> None:
+    """`--ops` against the regions the capture found, before the profile times them; the
+    names offered are all typeable (a label cut with `…` is offered as its parts)."""
+    from kforge_tui.workload.select import matches
+
+    unknown = [o for o in ops if not any(matches(t, o) for t in tasks)]
+    if unknown:
+        names = {t.kind for t in tasks}
+        for t in tasks:
+            names.update(p for p in t.op.split("+") if p != "…") if "…" in t.op else names.add(t.op)
+        raise UsageError(f"--ops: no region matches {', '.join(unknown)}; this model has: "
+                         f"{', '.join(sorted(names))}")
+
 
 def _view(row: dict) -> NodeView:
     result = row.get("result") or {}

@@ -41,7 +41,8 @@ class Phase(Event):
     repairs, and goes back to "search" when more budget is given), and again at the very end.
     """
 
-    name: str  # "load" | "profile" | "capture" | "baseline" | "search" | "done" | "integrate"
+    name: str  # "load" | "profile" | "capture" | "baseline" | "search" | "done" | "integrate";
+    # follow.StoreFollower adds "interrupted" (the owner died) and never stores it
     detail: str = ""
 
 
@@ -68,12 +69,15 @@ class TaskBaseline(Event):
     eager_us: float
     compiled_us: float | None
     floor_us: float | None
+    baseline: dict | None = None  # the stored baseline (timings with spread and clock), when known
 
 
 @dataclass
 class TaskStatus(Event):
     task_id: str
-    status: str  # waiting | searching | paused | done | failed | stopped
+    # waiting | searching | paused | done | failed | stopped, or "stopping" (a stop was taken and
+    # in-flight candidates finish; never written to the tasks table)
+    status: str
     detail: str = ""  # why: "budget", "target", "time", EXHAUSTED + "...", "paused by the user"
 
 
@@ -111,8 +115,13 @@ class NodeFinished(Event):
     status: str  # "ok" or a failure status of sandbox/result.py
     message: str
     time_us: float | None
-    speedup: float | None
-    reward: float
+    speedup: float | None  # the sandbox's own ratio (over the eager time measured with it); UIs
+    reward: float  # show summary.TaskFigures' pooled reference over time_us instead
+    spread: float | None = None  # the candidate's own timing spread, (p90 - p10) / median
+    eager_us: float | None = None  # eager, timed side by side with the candidate
+    compiled_us: float | None = None  # torch.compile, timed side by side (when the task has it)
+    eager_clock: str = ""  # what clock those were read on, when the sandbox labels them
+    compiled_clock: str = ""
 
 
 @dataclass

@@ -9,7 +9,11 @@ Contract: docs/store_api.md. Additions beyond it (backward compatible): `root_no
 `add_task` creates the task's root node (action "root", status "ok", speedup 1.0, reward 0.0)
 and `add_node(..., action="root")` returns that root instead of adding a second one;
 `add_node(task_id, None, action=...)` for a non-root action attaches to the root; tasks()
-rows also carry `baseline_us`, `compiled_us`, `floor_us`, `failed` and `pending`.
+rows also carry `failed`, `pending`, `floor_us`, the pooled references (`reference`, with
+`baseline_us` and `compiled_us` their medians) and the winner by summary.TaskFigures' rule
+(`best_node`, `speedup` = `baseline_us / best_us`; `leader_node` / `noisy_leader`), and
+`control` (`set_control`: stops and pauses as stored state, so they survive kill and resume).
+The owner writes a heartbeat (`beat`, meta key "owner") while it runs.
 
 Why stdlib sqlite3 and not an ORM: the schema is small, and WAL + explicit transactions is all
 the concurrency story needs. Opening is careful: a file is first opened read-only and its
@@ -156,9 +160,13 @@ class RunStore:
             raise UsageError(f"{run_dir} already holds a run (use `kforge resume {run_dir}`)")
         from kforge_tui.config import private_dir
 
-        for d in (run_dir, run_dir / "captures", run_dir / "cache"):
-            private_dir(d)
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))  # SQLite gives -wal/-shm this mode
+        try:
+            for d in (run_dir, run_dir / "captures", run_dir / "cache"):
+                private_dir(d)
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))  # SQLite gives -wal/-shm this mode
+        except OSError as e:  # read-only, under a file, /proc: the user's input, in one line
+            raise UsageError(f"cannot create the run directory {run_dir}: "
+                             f"{e.strerror or e}{f' ({e.filename})' if e.filename else ''}") from None
         con = cls._connect(path)
         con.execute("PRAGMA journal_mode=WAL")
         store = cls(run_dir, con, readonly=False)
@@ -346,6 +354,41 @@ class RunStore:
     def set_budget(self, task_id: str, budget: int) -> None:
         self._set_task(task_id, "budget", int(budget))
 
+    # ------------------------------------------------------------ stored control state
+
+    def set_control(self, task_id: str | None, **flags) -> None:
+        """What the user asked of an op (`task_id`) or of the whole search (None): `stopped`,
+        `paused`. Kept in the store so a stop or a pause survives a kill and `kforge resume`,
+        and every attached view shows it at once (a stop reads `stopping` until it lands)."""
+        key = task_id or "*"
+        with self._tx() as c:
+            row = c.execute("SELECT value FROM meta WHERE key = 'control'").fetchone()
+            state = _loads(row[0]) if row else {}
+            if key == "*" and flags.get("paused") is False:  # resume all: every op's pause too
+                for e in state.values():
+                    e.pop("paused", None)
+            state[key] = {**state.get(key, {}), **flags, "ts": time.time()}
+            self._bump(c)
+            c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('control', ?)", (_dumps(state),))
+
+    def control(self) -> dict:
+        """{task_id or "*": {"stopped"?: bool, "paused"?: bool, "ts": float}}."""
+        rows = self._q("SELECT value FROM meta WHERE key = 'control'")
+        return (_loads(rows[0]["value"]) or {}) if rows else {}
+
+    def beat(self, started: float) -> None:
+        """The owner's heartbeat (pid, host, start, now); not a change a follower must re-read,
+        so no seq bump. With the owner lock it tells a live owner from a dead or hung one."""
+        import socket
+
+        rec = {"pid": os.getpid(), "host": socket.gethostname(), "started": started, "beat": time.time()}
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('owner', ?)", (_dumps(rec),))
+
+    def heartbeat(self) -> dict | None:
+        rows = self._q("SELECT value FROM meta WHERE key = 'owner'")
+        return _loads(rows[0]["value"]) if rows else None
+
     _TASKS_SQL = """
         SELECT t.*,
           (SELECT COUNT(*) FROM nodes n WHERE n.task_id = t.task_id AND n.parent_id IS NOT NULL
@@ -353,47 +396,74 @@ class RunStore:
           (SELECT COUNT(*) FROM nodes n WHERE n.task_id = t.task_id AND n.parent_id IS NOT NULL
              AND n.status NOT IN ('pending', 'ok', 'lost') AND n.action NOT LIKE 'confirm:%') AS failed,
           (SELECT COUNT(*) FROM nodes n WHERE n.task_id = t.task_id
-             AND n.status = 'pending') AS pending,
-          (SELECT COALESCE(c.id, n.id) FROM nodes n
-             LEFT JOIN nodes c ON c.parent_id = n.id AND c.action LIKE 'confirm:%'
-                               AND c.status NOT IN ('pending', 'lost')
-             WHERE n.task_id = t.task_id AND n.parent_id IS NOT NULL AND n.status = 'ok'
-               AND n.speedup IS NOT NULL AND n.action NOT LIKE 'confirm:%'
-               AND (c.id IS NULL OR c.status = 'ok')
-             ORDER BY COALESCE(c.speedup, n.speedup) DESC, n.id ASC LIMIT 1) AS best_node
+             AND n.status = 'pending') AS pending
         FROM tasks t"""
-    # A task's winner: each verified candidate counts with its side-by-side re-timing when it
-    # has one (a child whose action is "confirm:#<id>", engine._confirm) and with its own figure
-    # otherwise; a candidate whose re-timing failed is out. The winner row is the re-timing
-    # itself when there is one, so a lucky draw in the search does not win. Re-timings are not
-    # search candidates: they count neither as evaluated nor as failed. (tui/model.py's
-    # `_winner` applies the same rule to the live view.)
+    # Re-timings are not search candidates: they count neither as evaluated nor as failed.
+    # The reference times and the winner are summary.TaskFigures' (the TUI's live model applies
+    # the same class), from these light columns of every finished node.
+    # (only verified nodes' results are parsed: a failed one's is mostly its compiler log)
+    _FIGURES_SQL = """
+        SELECT id, task_id, parent_id, action, status, time_us,
+          CASE WHEN status = 'ok' THEN json_extract(result, '$.timing.median_us') END AS t_med,
+          CASE WHEN status = 'ok' THEN json_extract(result, '$.timing.p10_us') END AS t_p10,
+          CASE WHEN status = 'ok' THEN json_extract(result, '$.timing.p90_us') END AS t_p90,
+          CASE WHEN status = 'ok' THEN json_extract(result, '$.baseline.median_us') END AS eager_us,
+          CASE WHEN status = 'ok' THEN json_extract(result, '$.compiled.median_us') END AS compiled_us,
+          CASE WHEN status = 'ok' THEN json_extract(result, '$.baseline.clock') END AS eager_clock,
+          CASE WHEN status = 'ok' THEN json_extract(result, '$.compiled.clock') END AS compiled_clock
+        FROM nodes WHERE parent_id IS NOT NULL AND status NOT IN ('pending', 'lost')"""
 
-    def _task_row(self, r: dict) -> dict:
+    def _figures(self, task_id: str | None = None) -> dict[str, list]:
+        from kforge_tui.summary import NodeFigure, spread_of
+
+        sql, args = (self._FIGURES_SQL + " AND task_id = ?", (task_id,)) if task_id else (self._FIGURES_SQL, ())
+        out: dict[str, list] = {}
+        for r in self._q(sql + " ORDER BY id", args):
+            t = {"median_us": r["t_med"], "p10_us": r["t_p10"], "p90_us": r["t_p90"]}
+            out.setdefault(r["task_id"], []).append(NodeFigure(
+                r["id"], r["parent_id"], r["action"] or "", r["status"], r["time_us"], spread_of(t),
+                r["eager_us"], r["compiled_us"], r["eager_clock"] or "", r["compiled_clock"] or ""))
+        return out
+
+    def _task_row(self, r: dict, figures: list, control: dict) -> dict:
+        from kforge_tui.summary import TaskFigures
+
         base = _loads(r["baseline"])
-        best = self.node(r["best_node"]) if r["best_node"] is not None else None
-        med = lambda t: (t or {}).get("median_us") if isinstance(t, dict) else None  # noqa: E731
+        f = TaskFigures(base if isinstance(base, dict) else None)
+        for fig in figures:
+            f.update(fig)
+        best, leader = f.best(), f.leader()
+        ref, comp = f.reference("eager"), f.reference("compiled")
+        ref_json = lambda x: {"median_us": x.median_us, "spread": x.spread, "n": x.n, "clock": x.clock}  # noqa: E731
         return {"task_id": r["task_id"], "op": r["op"], "shape": _loads(r["shape"]),
                 "dtype": r["dtype"], "task": _loads(r["task"]), "budget": r["budget"],
                 "status": r["status"], "baseline": base, "evaluated": r["evaluated"],
-                "failed": r["failed"], "pending": r["pending"], "best_node": r["best_node"],
-                "best_us": best["time_us"] if best else None,
-                "speedup": best["speedup"] if best else None, "verified": best is not None,
-                "baseline_us": med(base.get("eager")) if base else None,
-                "compiled_us": med(base.get("compiled")) if base else None,
-                "floor_us": base.get("floor_us") if base else None, "seq": r["seq"],
+                "failed": r["failed"], "pending": r["pending"],
+                "best_node": best.node_id if best else None,
+                "best_us": best.time_us if best else None, "best_spread": best.spread if best else None,
+                "speedup": ref.over(best.time_us) if best else None,
+                "speedup_vs_compile": comp.over(best.time_us) if best else None,
+                "leader_node": leader.node_id if leader else None,
+                "noisy_leader": leader.node_id if leader is not None and leader is not best else None,
+                "verified": any(g.is_candidate and g.status == "ok" for g in figures),
+                "baseline_us": ref.median_us, "compiled_us": comp.median_us,
+                "reference": {"eager": ref_json(ref), "compiled": ref_json(comp)},
+                "floor_us": base.get("floor_us") if isinstance(base, dict) else None,
+                "control": control.get(r["task_id"], {}), "seq": r["seq"],
                 # what the figures measure: "device" (cuda event time, host kept ahead) or "wall"
                 "clock": ((base.get("compiled") or base.get("eager") or {}).get("clock") or None)
-                if base else None}
+                if isinstance(base, dict) else None}
 
     def tasks(self) -> list[dict]:
-        return [self._task_row(r) for r in self._q(self._TASKS_SQL + " ORDER BY t.ord")]
+        figures, control = self._figures(), self.control()
+        return [self._task_row(r, figures.get(r["task_id"], []), control)
+                for r in self._q(self._TASKS_SQL + " ORDER BY t.ord")]
 
     def task(self, task_id: str) -> dict:
         rows = self._q(self._TASKS_SQL + " WHERE t.task_id = ?", (task_id,))
         if not rows:
             raise KeyError(f"no task {task_id!r} in {self.path}")
-        return self._task_row(rows[0])
+        return self._task_row(rows[0], self._figures(task_id).get(task_id, []), self.control())
 
     def root_node(self, task_id: str) -> int:
         rows = self._q("SELECT id FROM nodes WHERE task_id = ? AND parent_id IS NULL "

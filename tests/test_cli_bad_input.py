@@ -26,8 +26,19 @@ CASES = {
     "wrong_return": (["profile", M + "wrong_return.py"], "must return (model, example_inputs)"),
     "forward_raises": (["profile", M + "forward_raises.py"], "forward raised RuntimeError"),
     "not_kernelbench": (["profile", M + "not_kernelbench.py"], "is not a KernelBench file"),
+    # a name kforge knows nowhere: refused before the model loads
     "unknown_op": (["optimize", M + "tiny.py", "--ops", "softmax,flash_attn", "--headless"],
-                   "no region matches flash_attn; this model has:"),
+                   "--ops: flash_attn names no op, pattern or kind kforge knows"),
+    # a real op this model does not have: refused after the capture, before the profile, with
+    # names a person can type (a label cut with … is offered as its parts)
+    "absent_op": (["optimize", M + "tiny.py", "--ops", "max_pool2d", "--headless", "--device", "cpu"],
+                  "--ops: no region matches max_pool2d; this model has:"),
+    "run_dir_under_file": (["optimize", M + "tiny.py", "--headless", "--run-dir", M + "tiny.py/run"],
+                           "tiny.py is a file, not a directory"),
+    "run_dir_in_proc": (["optimize", M + "tiny.py", "--headless", "--run-dir", "/proc/kforge-run"],
+                        "--run-dir /proc/kforge-run: cannot create it in /proc"),
+    "api_base_refused": (["optimize", M + "tiny.py", "--headless", "--llm", "openai/m", "--api-base",
+                          "http://127.0.0.1:9/v1"], "--api-base http://127.0.0.1:9/v1 is unreachable"),
     "cuda_without_gpu": (["profile", M + "tiny.py", "--device", "cuda"], "no CUDA GPU is visible"),
 }
 OTHER = {
@@ -63,6 +74,32 @@ def test_bad_input_exits_2_with_one_line(results, case):
     stray = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("kforge:")]
     assert not stray, p.stderr  # no C++ or Python noise besides kforge's own lines
     assert p.stdout == ""
+    if case in ("unknown_op", "run_dir_under_file", "run_dir_in_proc", "api_base_refused"):
+        assert "[load]" not in p.stderr and "[capture]" not in p.stderr  # refused before any work
+    if case == "absent_op":
+        assert "[capture]" in p.stderr and "[profile]" not in p.stderr
+        names = errors[0].split("this model has: ")[1].split(", ")
+        assert "softmax" in names and not any("…" in n for n in names), names
+
+
+def test_unreachable_api_base_fails_in_under_3_s():
+    """It took 24.6 s to report a refusal that took 0.0 s (litellm's import came first)."""
+    import time
+
+    t0 = time.monotonic()
+    p = kforge(["optimize", M + "tiny.py", "--headless", "--llm", "openai/m", "--api-base", "http://127.0.0.1:9/v1"])
+    took = time.monotonic() - t0
+    assert p.returncode == 2 and "unreachable" in p.stderr, p.stderr
+    assert took < 3.0, f"{took:.1f} s"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
+def test_read_only_run_dir_is_one_line_and_exit_2(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    p = kforge(["optimize", M + "tiny.py", "--headless", "--run-dir", str(ro / "run")])
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith(f"kforge: error: --run-dir {ro / 'run'}: cannot create it")
 
 
 def test_debug_shows_the_traceback(results):

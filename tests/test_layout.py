@@ -3,9 +3,9 @@
 - the engine does not import report.py (report.py runs the engine: that was an import cycle);
 - the engine's and the UI's task state classes have their own names (three `TaskState`s
   meant three different things);
-- the stylesheet and themes are inside the package and declared as package data (a wheel
-  without them crashed the TUI), `requires-python` matches `tomllib`, and user paths come from
-  platformdirs.
+- the stylesheet and themes sit in themes/ at the top and ship as package data of
+  kforge_tui.themes (a wheel without them crashed the TUI), every package is listed for the
+  wheel, `requires-python` matches `tomllib`, and user paths come from platformdirs.
 """
 from __future__ import annotations
 
@@ -43,15 +43,25 @@ def test_engine_and_ui_task_state_have_distinct_names():
     assert "TaskView" in ui and "TaskState" not in ui
 
 
-def test_themes_ship_inside_the_package():
+def test_themes_at_the_top_ship_inside_the_package():
+    """DESIGN.md's layout: themes/ at the top of the repository; the wheel ships it as the package
+    kforge_tui.themes (tests/test_wheel_install.py opens the TUI from a wheel)."""
     from kforge_tui.tui import themes
 
-    assert themes.THEMES_DIR == PKG / "themes" and themes.CSS_PATH.is_file()
+    assert themes.THEMES_DIR == ROOT / "themes" and themes.CSS_PATH.is_file()
     assert {t.name for t in themes.load_themes()} == {"kforge-dark", "kforge-light", "kforge-ansi"}
-    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    data = meta["tool"]["setuptools"]["package-data"]["kforge_tui"]
-    assert "themes/*.tcss" in data and "themes/*.toml" in data
-    assert not (ROOT / "themes").exists()  # one copy: the one that ships
+    st = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert st["package-dir"] == {"kforge_tui.themes": "themes"} and "kforge_tui.themes" in st["packages"]
+    assert set(st["package-data"]["kforge_tui.themes"]) == {"*.tcss", "*.toml"}
+    assert not (PKG / "themes").exists()  # one copy: the one that ships
+
+
+def test_every_package_directory_is_listed_for_the_wheel():
+    """pyproject lists the packages (find cannot map themes/): a new subpackage must be added
+    there, or the wheel silently lacks it."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    dirs = {".".join(p.parent.relative_to(ROOT).parts) for p in PKG.rglob("*.py") if "__pycache__" not in p.parts}
+    assert dirs <= listed, f"add to [tool.setuptools] packages in pyproject.toml: {sorted(dirs - listed)}"
 
 
 def test_python_version_and_user_paths():

@@ -115,6 +115,7 @@ def test_the_winner_counts_side_by_side_re_timings_and_not_lucky_draws(tmp_path)
     s = _new(tmp_path)
     t = _task()
     s.add_task(t, budget=5)
+    s.set_baseline(t.task_id, {"eager": {"median_us": 10.0, "p10_us": 10.0, "p90_us": 10.0}})
 
     def node(speedup, parent=None, action="x", status="ok"):
         i = s.add_node(t.task_id, parent, action=action, proposer="builtin", source="src")

@@ -51,7 +51,7 @@ def test_attached_tui_steers_a_headless_run(tmp_path):
     env.update(PYTHONPATH=str(ROOT), XDG_DATA_HOME=str(tmp_path / "data"))
     log = open(tmp_path / "owner.log", "w")
     owner = subprocess.Popen([sys.executable, "-m", "kforge_tui", "optimize", "tests/fixtures/models/tiny.py",
-                              "--device", "cpu", "--headless", "--top", "1", "--budget", "40", "--parallel", "1",
+                              "--device", "cpu", "--headless", "--ops", "conv", "--budget", "40", "--parallel", "1",
                               "--run-dir", str(run), "--no-apply"], cwd=ROOT, env=env, stdout=log, stderr=log)
     t = None
     try:

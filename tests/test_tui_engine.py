@@ -16,6 +16,7 @@ from textual.widgets import Static, TextArea
 
 from kforge_tui.engine import OptimizeSettings
 from kforge_tui.store import RunStore
+from kforge_tui.summary import fmt_us
 from kforge_tui.tui.app import live_app
 from kforge_tui.tui.screens.editor import EditorScreen
 from kforge_tui.tui.widgets.tree import SearchTree
@@ -110,18 +111,23 @@ async def test_real_engine_fills_table_tree_and_best(tmp_path):
             if r["status"] != "ok":
                 assert r["status"] in label
 
-        # the best speedup, if anything verified: table, plot label, star in the tree
+        # the best speedup, if anything verified: table, plot label, star in the tree; the live
+        # view's reference and winner are the store's (one rule: summary.TaskFigures)
+        assert cell(table, tid, "eager") == fmt_us(t["baseline_us"], compact=True)
+        assert app.model.tasks[tid].best_node == t["best_node"]
         if t["best_node"] is not None:
             best = t["speedup"]
-            assert cell(table, tid, "eager") == f"{best:.2f}x"
+            assert best == t["baseline_us"] / t["best_us"]
+            assert cell(table, tid, "x") == f"{best:.2f}x"
+            assert cell(table, tid, "best") == fmt_us(t["best_us"], compact=True)
             assert f"best {best:.2f}x" in static_text(app, "#plot-label")
             assert "★" in str(tree._tn[t["best_node"]].label)
             await pilot.press("2", "g")
             await wait_until(pilot, app, lambda: app.node_id == t["best_node"], "jump to best", 10)
             assert source_text(app) == rows[t["best_node"]]["source"]
-            assert f"speedup   {best:.3f}x" in static_text(app, "#log-timing-body")
+            assert f"speedup   {best:.2f}x vs eager" in static_text(app, "#log-timing-body")
         else:
-            assert cell(table, tid, "eager") == "-"
+            assert cell(table, tid, "x") == "-"
         status = static_text(app, "#status")
         assert "[cpu]" in status and "built-in" in status and "in flight 0" in status
         assert status.splitlines()[1].split()[0] == "done"  # the end of the search is shown

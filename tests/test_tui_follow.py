@@ -41,13 +41,23 @@ def test_follower_shows_the_stored_phase_log_and_reasons(tmp_path):
                   ev.TaskStatus(task_id=tid, status="done", detail="exhausted after 3 candidates: nothing left")):
             s.append_event(e.to_json())
         s.set_task_status(tid, "done")
+    with RunStore.open(tmp_path, owner=True):  # a live owner holds the lock
+        f = StoreFollower(tmp_path)
+        out = f.poll()
+        phases = [e for e in out if isinstance(e, ev.Phase)]
+        assert [p.name for p in phases] == ["search"]
+        assert any(isinstance(e, ev.LogLine) and e.message == "gelu: slow compile" for e in out)
+        statuses = [e for e in out if isinstance(e, ev.TaskStatus) and e.task_id == tid]
+        assert statuses[-1].detail.startswith("exhausted")  # the stored reason lands after the bare row status
+        assert f.poll() == []
+    # the owner is gone while the store still says "running": the next poll says so, once
+    (gone,) = f.poll()
+    assert isinstance(gone, ev.Phase) and gone.name == "interrupted" and f"kforge resume {tmp_path}" in gone.detail
+    assert f.poll() == []
+    f.close()
+    # a view opened after the owner died says it with its first screen, after the replayed phases
     f = StoreFollower(tmp_path)
-    out = f.poll()
-    phases = [e for e in out if isinstance(e, ev.Phase)]
-    assert [p.name for p in phases] == ["search"]
-    assert any(isinstance(e, ev.LogLine) and e.message == "gelu: slow compile" for e in out)
-    statuses = [e for e in out if isinstance(e, ev.TaskStatus) and e.task_id == tid]
-    assert statuses[-1].detail.startswith("exhausted")  # the stored reason lands after the bare row status
+    assert [e.name for e in f.poll() if isinstance(e, ev.Phase)] == ["search", "interrupted"]
     f.close()
 
 

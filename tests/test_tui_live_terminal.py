@@ -115,7 +115,7 @@ def test_live_tui_fix_a_failed_kernel_by_hand(tmp_path):
     rc_file = tmp_path / "rc"
     # COLUMNS/LINES leak in from the test process (80x24) and Textual would believe them over the pty
     cmd = (f"unset COLUMNS LINES; cd {ROOT} && PYTHONPATH={ROOT} {sys.executable} -m kforge_tui optimize "
-           f"tests/fixtures/engine/softmax_model.py --device cpu --budget 3 --run-dir {run}; "
+           f"tests/fixtures/engine/softmax_model.py --device cpu --budget 3 --apply --run-dir {run}; "
            f"echo $? > {rc_file}; sleep 30")
     t = Term(f"kforge-live-{os.getpid()}", cmd)
     try:
@@ -192,8 +192,12 @@ def test_live_tui_fix_a_failed_kernel_by_hand(tmp_path):
         hand = [r for r in store.nodes() if r["hand_written"]]
         status = store.run_info()["status"]
         assert store.run_info()["end_to_end"] is not None  # the check ran, as it does headless
+        # an edit of a re-timing (`confirm:#N`) is a child of the node it re-timed
+        opened_action = store.node(opened)["action"]
     assert [(r["id"], r["status"], r["action"]) for r in hand] == [(failed, "compile_error", "hand"),
                                                                  (hand[1]["id"], "ok", "hand")]
+    if opened_action.startswith("confirm:#"):
+        opened = int(opened_action.split("#")[1])
     assert hand[0]["parent_id"] == opened and hand[1]["parent_id"] == failed
     assert hand[0]["source"] == BROKEN_CPP and hand[1]["source"] == GOOD_CPP
     assert hand[1]["speedup"] and hand[1]["speedup"] > 0

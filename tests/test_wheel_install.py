@@ -33,7 +33,8 @@ def test_wheel_in_a_fresh_venv_opens_the_tui(tmp_path):
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "kforge_tui", src / "kforge_tui", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("kforge_tui", "themes"):  # themes/ sits at the top, shipped as kforge_tui.themes
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
          "-w", str(tmp_path / "dist"), str(src)])
     (wheel,) = (tmp_path / "dist").glob("kforge_tui-*.whl")
@@ -46,6 +47,9 @@ def test_wheel_in_a_fresh_venv_opens_the_tui(tmp_path):
     where = run([str(venv / "bin" / "python"), "-c", "import kforge_tui; print(kforge_tui.__file__)"],
                 cwd=tmp_path, env=env).stdout.strip()
     assert where.startswith(str(venv)), where  # the wheel's copy, not the checkout's
+    themes = run([str(venv / "bin" / "python"), "-c", "from kforge_tui.tui import themes; print(themes.CSS_PATH)"],
+                 cwd=tmp_path, env=env).stdout.strip()
+    assert themes.startswith(str(venv)) and themes.endswith("kforge_tui/themes/kforge.tcss"), themes
 
     rundir = tmp_path / "run"
     run([str(venv / "bin" / "python"), "-c",

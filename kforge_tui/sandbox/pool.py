@@ -67,6 +67,22 @@ def describe_exit(rc: int | None) -> str:
     return f"worker exited with status {rc}"
 
 
+# `python -c` trampoline: ask the kernel for SIGKILL when the parent dies (prctl 1 =
+# PR_SET_PDEATHSIG), exit at once if the parent (argv[1]) is already gone, then run the worker
+# module as `-m` would. Linux only; elsewhere it just runs the worker.
+_DIE_WITH_PARENT = (
+    "import os, runpy, signal, sys\n"
+    "try:\n"
+    "    import ctypes\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)\n"
+    "except (OSError, AttributeError):\n"
+    "    pass\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(1)\n"
+    "sys.argv = ['kforge_tui.sandbox.worker', *sys.argv[2:]]\n"
+    "runpy.run_module('kforge_tui.sandbox.worker', run_name='__main__', alter_sys=True)\n")
+
+
 class _Worker:
     """One worker subprocess and its JSON-lines channel."""
 
@@ -87,7 +103,10 @@ class _Worker:
         self.inductor_dir: str | None = None
 
     async def spawn(self) -> None:
-        cmd = [sys.executable, "-m", "kforge_tui.sandbox.worker", "--backend", self.backend,
+        # The worker dies with the process that spawned it (PR_SET_PDEATHSIG, set before the
+        # worker module runs): an owner killed with `kill -9` left its workers running under
+        # init. Its zygote and runners follow when their sockets to it close.
+        cmd = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), "--backend", self.backend,
                "--device", str(self.device)]
         if self.cache_dir:
             cmd += ["--cache-dir", str(self.cache_dir)]

@@ -31,6 +31,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from kforge_tui import events as ev
 from kforge_tui.control import EngineControl, EngineThread
 from kforge_tui.errors import UsageError
+from kforge_tui.summary import fmt_us
 from kforge_tui.tui import themes
 from kforge_tui.tui.details import NodeDetails
 from kforge_tui.tui.highlight import lexer_for
@@ -53,6 +54,7 @@ DEFAULT_BUDGET_STEP = 16
 PANES = ("profile", "tree", "source", "logs")
 EXTENSIONS = {"cuda": "cu", "cpp": "cpp"}
 WORK_COMMANDS = ("submit_source", "repair", "add_budget")  # a finished run is resumed for these
+STORED_COMMANDS = ("stop_task", "pause", "resume")  # kept in the store even when nobody runs the run
 
 
 def freeze_gc() -> None:
@@ -72,6 +74,19 @@ def B(key: str, action: str, description: str, binding_id: str, show: bool = Tru
     return Binding(key, action, description, show=show, id=binding_id, **kw)
 
 
+def tree_title(t, width: int) -> str:
+    """`search tree [2] <op> <shape>` in the pane's width: the shape is what tells same-named ops
+    apart, so the op name (then the words) give way first, never the shape."""
+    shape = "x".join(map(str, t.shape))
+    room = max(width - 4, 0)  # the border's corners and a space each side
+    for head, least in (("search tree [2] ", 8), ("tree [2] ", 4), ("[2] ", 1)):
+        op_room = room - len(head) - 1 - len(shape)
+        if op_room >= min(least, len(t.op)):
+            op = t.op if len(t.op) <= op_room else t.op[:max(op_room - 1, 1)] + "…"
+            return f"{head}{op} {shape}"
+    return f"[2] {shape}"
+
+
 def _first_line(e: BaseException) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
@@ -79,10 +94,11 @@ def _first_line(e: BaseException) -> str:
 class KforgeApp(App):
     TITLE = "kforge"
     CSS_PATH = str(themes.CSS_PATH)
-    COMMANDS = App.COMMANDS | {KforgeCommands}
+    COMMANDS = {KforgeCommands}  # kforge's commands only (not Textual's Quit, Maximize, Theme)
+    # The footer shows what fits in 100 columns; `?` and the palette list every binding
     ACTION_BINDINGS = [
         B("question_mark", "help", "Help", "help", key_display="?"),
-        B("z", "zoom", "Zoom", "zoom"),
+        B("z", "zoom", "Zoom", "zoom", show=False),
         B("1", "focus_pane('profile')", "Focus profile", "focus-profile", show=False),
         B("2", "focus_pane('tree')", "Focus tree", "focus-tree", show=False),
         B("3", "focus_pane('source')", "Focus source", "focus-source", show=False),
@@ -92,18 +108,20 @@ class KforgeApp(App):
         B("right_square_bracket", "next_task(1)", "Next task", "next-task", show=False, key_display="]"),
         B("left_square_bracket", "next_task(-1)", "Prev task", "prev-task", show=False, key_display="["),
         B("o", "open_node", "Open node", "open-node", show=False),
-        B("d", "toggle_diff", "Diff", "diff"),
+        B("d", "toggle_diff", "Diff", "diff", show=False),
         B("e", "edit", "Edit", "edit"),
         B("r", "repair", "Repair", "repair"),
         B("g", "jump_best", "Best", "jump-best"),
         B("f", "next_failure", "Next fail", "next-failure"),
-        B("slash", "filter", "Filter", "filter", key_display="/"),
+        B("slash", "filter", "Filter", "filter", show=False, key_display="/"),
         B("c", "collapse", "Collapse", "collapse", show=False),
+        # one key, the word for what it does now (check_action shows one of the two)
         B("p", "pause_all", "Pause all", "pause-all"),
-        B("P", "pause_task", "Pause task", "pause-task", show=False, key_display="P"),
+        B("p", "resume_all", "Resume all", "resume-all"),
+        B("P", "pause_task", "Pause op", "pause-task", show=False, key_display="P"),
         B("b", "add_budget", "Budget", "add-budget"),
-        B("s", "stop_task", "Stop task", "stop-task", show=False),
-        B("x", "export", "Export", "export"),
+        B("s", "stop_task", "Stop op", "stop-task"),
+        B("x", "export", "Export", "export", show=False),
         B("t", "next_theme", "Theme", "next-theme", show=False),
         B("q", "quit", "Quit", "quit"),
     ]
@@ -139,6 +157,7 @@ class KforgeApp(App):
         self.host: EngineThread | None = None  # our own engine, when this TUI owns the run
         self.engine_error: BaseException | None = None
         self._queue: list[ev.Event] = []
+        self._footer_seen: tuple | None = None
         self._open_pending = False
         self._model_paused = False
         self._ending = False
@@ -301,6 +320,9 @@ class KforgeApp(App):
             if isinstance(e, ev.RunStarted) and e.run_dir:
                 self.details.run_dir = self.details.run_dir or e.run_dir
                 self.run_dir = self.run_dir or e.run_dir
+            if isinstance(e, ev.Phase) and e.name == "interrupted":
+                self.call_later(self._owner_gone)  # commands it never took: carry them out here
+        self.model.settle(d)
         if self.model.llm_failures > failures and self.model.running:  # a 429/5xx the user should see now
             self.notify(f"LLM call failed: {self.model.llm_last_error}", severity="warning", timeout=8)
         self._draw(d)
@@ -324,22 +346,45 @@ class KforgeApp(App):
             tree.apply(m, d.nodes)
             if self.node_id is None:
                 self.call_after_refresh(self._open_default)
+        if self.task_id in d.refs:  # the reference moved: every speedup shown with it, now
+            tree.relabel_all(m)  # (only labels whose text changes are rebuilt)
+            if self.node_id is not None and self.node_id not in d.nodes:
+                self._w(LogTabs).show_timing(self.details.get(self.node_id), m.tasks[self.task_id])
         if d.header:
             self._w(StatusBar).show(m, self.clock())
             if m.paused != self._model_paused:  # the engine reported a pause or resume of everything
                 self._model_paused = self.paused_all = m.paused
+                self.refresh_bindings()
         if self.task_id in d.tasks:
             t = m.tasks[self.task_id]
             self._w(ProgressPlot).show(t.history, t.best_speedup)
-            tree.border_subtitle = t.reason
+            tree.border_subtitle = t.reason or self._ref_line(t)
         if self.node_id in d.nodes:
             self._open_pending = True
         if d.logs:
             self._w(LogTabs).show_run_log(m.logs)
+        if d.tasks or d.header:
+            self._footer_state()
 
     def _tick(self) -> None:
-        if self.model.running and self._main_ready():
+        if not self._main_ready():
+            return
+        if self.model.running:
             self._w(StatusBar).show(self.model, self.clock())
+        tree = self._w(SearchTree)
+        t = self.model.tasks.get(self.task_id) if self.task_id else None
+        if t is not None:  # the pane's width follows the terminal's
+            tree.border_title = tree_title(t, tree.size.width)
+
+    @staticmethod
+    def _ref_line(t) -> str:
+        """Under the tree: the reference every speedup in it divides (the root's figure)."""
+        if not t.eager_us:
+            return ""
+        comp = f", compile {fmt_us(t.compiled_us, compact=True)}" if t.compiled_us else ""
+        clock = f" [{t.eager.clock}]" if t.eager.clock else ""
+        return (f"eager ref {fmt_us(t.eager_us, compact=True)}{clock} "
+                f"±{t.eager.spread or 0:.0%} n={t.eager.n}{comp}")
 
     def _main_ready(self) -> bool:
         """False while the app is tearing down (timers may still fire after widgets are gone)."""
@@ -353,8 +398,8 @@ class KforgeApp(App):
         t = self.model.tasks[task_id]
         tree = self._w(SearchTree)
         tree.show_task(self.model, task_id)
-        tree.border_title = f"search tree [2] {t.op} {'x'.join(map(str, t.shape))}"
-        tree.border_subtitle = t.reason
+        tree.border_title = tree_title(t, tree.size.width)
+        tree.border_subtitle = t.reason or self._ref_line(t)
         self._w(ProgressPlot).show(t.history, t.best_speedup)
         table = self._w(ProfileTable)
         if table.task_at_cursor() != task_id and task_id in table.rows:
@@ -383,7 +428,7 @@ class KforgeApp(App):
         self._w(SourceView).show(row, parent, diff=self.diff, backend=self.model.device or None,
                                  error_line=err, dark=self.current_theme.dark)
         logs = self._w(LogTabs)
-        logs.show_node(row)
+        logs.show_node(row, self.model.tasks.get(n.task_id) if n is not None else None)
         if row and n is not None and n.failed:
             logs.active = "log-mismatch" if result_of(row).get("mismatch") else "log-compile"
         elif row and n is not None and n.status == "ok" and n.action != "root":
@@ -412,12 +457,12 @@ class KforgeApp(App):
             self.open_node(event.node.data)
 
     # ------------------------------------------------------------------ steering
-    def _steer(self, name: str, *args, done: str, what: str) -> None:
+    def _steer(self, name: str, *args, done: str, what: str) -> bool:
         """Send one command to the run's owner without blocking the UI; the outcome comes back
         as a SteerResult ("could not <what>: why" on failure, never the success text first)."""
         target, resume_after = self._route(name, what)
         if target is None:
-            return
+            return False
 
         def report(f: Future) -> None:
             err = f.exception()
@@ -425,6 +470,7 @@ class KforgeApp(App):
                                           ok=err is None, become_owner=resume_after and err is None))
 
         self._steer_pool.submit(getattr(target, name), *args).add_done_callback(report)
+        return True
 
     def _route(self, name: str, what: str):
         """(EngineControl to use, resume the run after sending?) — or (None, False) after telling why."""
@@ -440,13 +486,15 @@ class KforgeApp(App):
         from kforge_tui.store import owner_pid
 
         owned = owner_pid(run_dir) is not None
-        if not owned and name not in WORK_COMMANDS:
+        if not owned and name not in WORK_COMMANDS + STORED_COMMANDS:
             self.notify(f"The run is not running ({self.model.phase or 'finished'}): nothing to {what}.",
                         severity="warning")
             return None, False
         if self._store_control is None:
             self._store_control = StoreControl(run_dir)
-        return self._store_control, not owned  # unowned: the command waits in the store for us
+        # unowned: work waits in the store for us to resume the run; a stop or a pause is stored
+        # state that the next `kforge resume` honours
+        return self._store_control, not owned and name in WORK_COMMANDS
 
     def on_steer_result(self, message: SteerResult) -> None:
         self.notify(message.text, severity="information" if message.ok else "error",
@@ -604,16 +652,39 @@ class KforgeApp(App):
         self._steer("repair", n.task_id, n.node_id, done=f"repair of #{n.node_id} requested",
                     what=f"request a repair of #{n.node_id}")
 
+    def check_action(self, action: str, parameters) -> bool | None:
+        """The footer names what each key does now: `p` is Pause all or Resume all, whichever
+        applies (with nothing left to search it stays Pause all, which says so when pressed)."""
+        resume = self.paused_all and self._work_left()
+        if action == "pause_all":
+            return not resume
+        if action == "resume_all":
+            return resume
+        return True
+
+    def _work_left(self) -> bool:
+        return any(not t.finished for t in self.model.tasks.values())
+
+    def _footer_state(self) -> None:
+        """Re-check the footer's keys when what they can do changed (not on every batch)."""
+        state = (self._work_left(), self.paused_all)
+        if state != self._footer_seen:
+            self._footer_seen = state
+            self.refresh_bindings()
+
     def action_pause_all(self) -> None:
         if not any(not t.finished for t in self.model.tasks.values()):
             self.notify("No op is searching: nothing to pause.", severity="warning")
             return
-        if self.paused_all:
-            self._steer("resume", None, done="search resumed", what="resume the search")
-        else:
-            self._steer("pause", None, done="search paused (in-flight evaluations finish)",
-                        what="pause the search")
-        self.paused_all = not self.paused_all
+        self._steer("pause", None, done="search paused (in-flight evaluations finish)",
+                    what="pause the search")
+        self.paused_all = True
+        self.refresh_bindings()
+
+    def action_resume_all(self) -> None:
+        self._steer("resume", None, done="search resumed", what="resume the search")
+        self.paused_all = False
+        self.refresh_bindings()
 
     def action_pause_task(self) -> None:
         tid = self._need_task()
@@ -658,10 +729,15 @@ class KforgeApp(App):
         if tid is None:
             return
         t = self.model.tasks[tid]
-        if t.finished:
+        if t.finished or t.status == "stopping":
             self.notify(f"{self._label(tid)} is already {t.state}.", severity="warning")
             return
-        self._steer("stop_task", tid, done=f"{self._label(tid)} stopping", what=f"stop {self._label(tid)}")
+        if self._steer("stop_task", tid, done=f"{self._label(tid)}: stop sent; it stays stopped after a resume",
+                       what=f"stop {self._label(tid)}"):
+            self.model.mark_stopping(tid)  # the row says so now, not when the owner answers
+            self._w(ProfileTable).upsert(t)
+            if tid == self.task_id:
+                self._w(SearchTree).border_subtitle = t.reason
 
     def action_export(self) -> None:
         if not self.run_dir:
@@ -769,7 +845,10 @@ def check_keymap(keymap: dict[str, str]) -> dict[str, str]:
     if unknown:
         raise UsageError(f"config [keymap]: unknown binding id(s) {', '.join(unknown)}; "
                          f"known: {', '.join(sorted(known))}")
-    return dict(keymap)
+    keymap = dict(keymap)
+    if "pause-all" in keymap:  # one key, two words (Pause all / Resume all): rebinding one moves both
+        keymap.setdefault("resume-all", keymap["pause-all"])
+    return keymap
 
 
 def run_follow(run_dir, *, theme: str | None = None, keymap: dict[str, str] | None = None) -> int:
@@ -810,14 +889,20 @@ def run_live(settings, *, theme: str | None = None, resume: bool = False,
 
 def closing_report(app: KforgeApp, run_dir: str | None) -> int:
     """After the screen closes: the summary table and what to do next, as the headless path prints;
-    the exit code says whether anything verified (DESIGN.md: 1 when the work failed)."""
+    the exit code says whether anything verified (DESIGN.md: 1 when the work failed). Closing a
+    view of a run another process still runs says that it goes on, and how to come back."""
     if app.engine_error is not None:
         raise app.engine_error  # the CLI prints it in one line, with its exit code
     if not run_dir or not (Path(run_dir) / "run.db").is_file():
         return 0
-    from kforge_tui.summary import format_next_steps, format_show, show_json
+    from kforge_tui.summary import format_attached_close, format_next_steps, format_show, show_json
 
     data = show_json(run_dir)
+    if app.host is None and data.get("owner_pid"):
+        print(format_attached_close(data, data["owner_pid"]))
+        return 0
     print(format_show(data))
     print(format_next_steps(data))
+    if app.host is None and data.get("status") == "interrupted":
+        return 0  # a viewer of a killed run: nothing failed here
     return 0 if any(t["verified"] for t in data["tasks"]) else 1

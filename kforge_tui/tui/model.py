@@ -3,6 +3,11 @@
 Keeping the state separate from the widgets lets the app apply a whole batch of events cheaply
 and then touch only the widgets whose data changed (`Dirty`), which is what keeps a 2,000-node
 tree responsive while eight evaluations stream stage changes.
+
+Figures are summary.TaskFigures', the class the store applies too: each task's pooled eager and
+torch.compile references, every speedup as the reference over the node's time, and the winner
+(★: the fastest quiet figure). `settle()` recomputes them once per batch for the tasks the batch
+touched, so a replay of 2,000 nodes costs one pass, not one per node.
 """
 from __future__ import annotations
 
@@ -11,14 +16,16 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from kforge_tui import events as ev
+from kforge_tui.summary import NodeFigure, Reference, TaskFigures, fmt_s
 
 FAILED_PREFIXES = ("static", "compile", "load", "verify", "time", "timeout", "crash", "impossible",
                    "proposal")
 IN_FLIGHT_STAGES = ("queued", "proposing", "static", "compile", "load", "verify", "time", "pending")
+RUN_ENDS = ("finished", "stopped", "failed", "interrupted")
 
 
 def is_failure(status: str) -> bool:
-    return status not in IN_FLIGHT_STAGES and status != "ok"
+    return status not in IN_FLIGHT_STAGES and status not in ("ok", "lost")
 
 
 @dataclass
@@ -31,7 +38,9 @@ class NodeState:
     status: str = "queued"  # a stage while in flight, then "ok" or a failure status
     message: str = ""
     time_us: float | None = None
-    speedup: float | None = None
+    speedup: float | None = None  # the pooled reference over time_us (TaskView.figures)
+    spread: float | None = None
+    noisy: bool = False
     children: list[int] = field(default_factory=list)
 
     @property
@@ -57,22 +66,38 @@ class TaskView:
     share: float = 0.0
     status: str = "waiting"
     detail: str = ""
-    eager_us: float | None = None
-    compiled_us: float | None = None
     floor_us: float | None = None
     best_node: int | None = None
     best_us: float | None = None
     best_speedup: float | None = None
+    noisy_leader: int | None = None  # the fastest figure when it is too noisy to be ★
     evaluated: int = 0
     failed: int = 0
+    run_ended: str = ""  # the run's end ("interrupted", "stopped", ...) while this op still had work
     history: list[float] = field(default_factory=list)  # best speedup after each finished node
     node_ids: list[int] = field(default_factory=list)  # creation order
+    figures: TaskFigures = field(default_factory=TaskFigures)
+    ref_seen: Reference | None = None  # the reference the labels were last drawn with
+
+    @property
+    def eager(self) -> Reference:
+        return self.figures.reference("eager")
+
+    @property
+    def compiled(self) -> Reference:
+        return self.figures.reference("compiled")
+
+    @property
+    def eager_us(self) -> float | None:
+        return self.eager.median_us
+
+    @property
+    def compiled_us(self) -> float | None:
+        return self.compiled.median_us
 
     @property
     def speedup_vs_compile(self) -> float | None:
-        if self.best_us and self.compiled_us:
-            return self.compiled_us / self.best_us
-        return None
+        return self.compiled.over(self.best_us)
 
     @property
     def exhausted(self) -> bool:
@@ -80,7 +105,10 @@ class TaskView:
 
     @property
     def state(self) -> str:
-        """What the row says: the status, with "exhausted" told apart from a spent budget."""
+        """What the row says: the status, with "exhausted" told apart from a spent budget and
+        "interrupted" for an op whose run ended before it did."""
+        if self.run_ended and not self.finished:
+            return "interrupted"
         return "exhausted" if self.exhausted else self.status
 
     @property
@@ -90,10 +118,13 @@ class TaskView:
     @property
     def reason(self) -> str:
         """One line on why the op is where it is (shown under its tree)."""
+        if self.run_ended and not self.finished:
+            return "interrupted: the run ended before this op did; `kforge resume RUN_DIR` continues it"
         if self.status == "done":
             return self.detail if self.exhausted else f"done: {self.detail or 'budget spent'}"
-        if self.status in ("failed", "stopped", "paused"):
-            return f"{self.status}: {self.detail}" if self.detail else self.status
+        if self.status in ("failed", "stopped", "paused", "stopping"):
+            return self.detail if self.detail.startswith(self.status) else \
+                (f"{self.status}: {self.detail}" if self.detail else self.status)
         return ""
 
 
@@ -106,14 +137,23 @@ class Dirty:
     new_tasks: bool = False
     nodes: set[int] = field(default_factory=set)  # added or changed
     best: set[str] = field(default_factory=set)
+    refs: set[str] = field(default_factory=set)  # the task's reference moved: every speedup with it
     logs: bool = False
 
     def any(self) -> bool:
-        return bool(self.header or self.tasks or self.new_tasks or self.nodes or self.best or self.logs)
+        return bool(self.header or self.tasks or self.new_tasks or self.nodes or self.best or self.logs
+                    or self.refs)
+
+
+@dataclass
+class LogEntry:
+    ts: float
+    level: str
+    message: str
 
 
 class RunModel:
-    """Folds events into run/task/node state. `apply` is O(1) per event."""
+    """Folds events into run/task/node state. `apply` is O(1) per event; `settle` once per batch."""
 
     def __init__(self) -> None:
         self.run_dir: str | None = None
@@ -122,10 +162,12 @@ class RunModel:
         self.device_name = ""
         self.proposer = ""
         self.settings: dict = {}
-        self.started: float | None = None
+        self.started: float | None = None  # when the running process started (or resumed)
         self.finished: float | None = None
+        self.end_status = ""  # how the run ended: finished | stopped | failed | interrupted
         self.phase = ""
         self.phase_detail = ""
+        self.phase_started: float | None = None
         self.search_ended: float | None = None  # phase "done": the search is over, rates freeze
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -138,9 +180,10 @@ class RunModel:
         self.tasks: dict[str, TaskView] = {}
         self.nodes: dict[int, NodeState] = {}
         self.in_flight: set[int] = set()
-        self.finish_times: deque[float] = deque(maxlen=4096)
-        self.logs: deque[ev.LogLine] = deque(maxlen=500)
+        self.evaluated_here = 0  # candidates this run's process evaluated since it started (cand/min)
+        self.logs: deque[LogEntry] = deque(maxlen=500)
         self.summary: dict | None = None
+        self._unsettled: set[str] = set()
 
     @property
     def running(self) -> bool:
@@ -169,34 +212,103 @@ class RunModel:
             return 0.0
         return max(0.0, self._end(now) - self.started)
 
-    def per_minute(self, now: float | None = None) -> float:
-        """Candidates finished per minute over the last five minutes of the search (or all of it)."""
-        if not self.finish_times:
+    def phase_elapsed(self, now: float | None = None) -> float:
+        if self.phase_started is None:
             return 0.0
-        end = self._end(now)
-        window = min(300.0, max(1.0, end - (self.started or self.finish_times[0])))
-        n = sum(1 for t in self.finish_times if t >= end - window)
-        return n * 60.0 / window
+        end = self.finished if self.finished is not None else (now if now is not None else time.time())
+        return max(0.0, end - self.phase_started)
+
+    def per_minute(self, now: float | None = None) -> float:
+        """Candidates this process evaluated since it started (or resumed), over its elapsed time:
+        restored nodes and other processes' work do not count."""
+        mins = self.elapsed(now) / 60.0
+        return self.evaluated_here / mins if mins > 1e-6 and self.evaluated_here else 0.0
 
     def apply(self, e: ev.Event, dirty: Dirty) -> None:
         handler = getattr(self, "_on_" + type(e).__name__, None)
         if handler is not None:
             handler(e, dirty)
 
+    def settle(self, d: Dirty) -> None:
+        """Recompute the figures of the tasks the batch touched: references, speedups, the winner."""
+        for tid in self._unsettled:
+            t = self.tasks.get(tid)
+            if t is None:
+                continue
+            best, leader = t.figures.best(), t.figures.leader()
+            ref = t.eager
+            new_best = best.node_id if best else None
+            if new_best != t.best_node:
+                if t.best_node is not None:
+                    d.nodes.add(t.best_node)
+                if new_best is not None:
+                    d.nodes.add(new_best)
+                d.best.add(tid)
+            t.best_node = new_best
+            t.best_us = best.time_us if best else None
+            t.best_speedup = ref.over(t.best_us)
+            t.noisy_leader = leader.node_id if leader is not None and leader is not best else None
+            t.history = t.figures.history(t.node_ids)
+            for nid in t.node_ids:
+                n = self.nodes.get(nid)
+                if n is None:
+                    continue
+                if n.action == "root":  # the reference itself: what every speedup divides
+                    n.time_us, n.speedup = ref.median_us, (1.0 if ref.median_us else None)
+                    continue
+                n.speedup = ref.over(n.time_us) if n.status == "ok" else None
+                n.noisy = n.status == "ok" and t.figures.noisy(t.figures.nodes.get(nid))
+            if t.ref_seen != ref:
+                t.ref_seen = ref
+                d.refs.add(tid)
+            d.tasks.add(tid)
+        self._unsettled.clear()
+
+    def mark_stopping(self, task_id: str) -> None:
+        """A stop was just sent from this view: the row says so before the owner answers."""
+        t = self.tasks.get(task_id)
+        if t is not None and not t.finished:
+            t.status, t.detail = "stopping", "stopping: the stop was sent; in-flight candidates finish"
+
     # ------------------------------------------------------------------ handlers
     def _on_RunStarted(self, e: ev.RunStarted, d: Dirty) -> None:
         self.run_dir, self.model, self.device = e.run_dir, e.model, e.device
         self.device_name, self.proposer, self.settings = e.device_name, e.proposer, dict(e.settings)
-        self.started, self.finished, self.search_ended = e.ts, None, None
+        self.started, self.finished, self.search_ended, self.end_status = e.ts, None, None, ""
+        self.evaluated_here = 0
+        for t in self.tasks.values():
+            t.run_ended = ""
         d.header = True
+        d.tasks.update(self.tasks)
 
     def _on_Phase(self, e: ev.Phase, d: Dirty) -> None:
-        self.phase, self.phase_detail = e.name, e.detail
+        prev, prev_ts = self.phase, self.phase_started
+        self.phase, self.phase_detail, self.phase_started = e.name, e.detail, e.ts
+        took = f" ({prev} took {fmt_s(e.ts - prev_ts)})" if prev and prev_ts is not None and \
+            prev not in ("done", "interrupted") else ""
+        self.logs.append(LogEntry(e.ts, "phase", f"[{e.name}] {e.detail}".rstrip() + took))
+        d.logs = True
         if e.name == "done":
             self.search_ended = self.search_ended or e.ts
         elif e.name == "search":
             self.search_ended = None
+        elif e.name == "interrupted":
+            self._ended("interrupted", e.ts, d)
         d.header = True
+
+    def _ended(self, how: str, ts: float, d: Dirty) -> None:
+        """The run ended (or its process died): rows with work left say so; nothing is in flight."""
+        self.finished, self.end_status = ts, how
+        for nid in list(self.in_flight):
+            n = self.nodes.get(nid)
+            if n is not None and how == "interrupted":
+                n.status, n.message = "lost", "in flight when the run's process died"
+                d.nodes.add(nid)
+        self.in_flight.clear()
+        for t in self.tasks.values():
+            if not t.finished:
+                t.run_ended = how
+                d.tasks.add(t.task_id)
 
     def _on_ProfileReady(self, e: ev.ProfileReady, d: Dirty) -> None:
         self.profile_rows = list(e.rows)
@@ -214,12 +326,22 @@ class RunModel:
     def _on_TaskBaseline(self, e: ev.TaskBaseline, d: Dirty) -> None:
         t = self.tasks.get(e.task_id)
         if t:
-            t.eager_us, t.compiled_us, t.floor_us = e.eager_us, e.compiled_us, e.floor_us
+            base = e.baseline or {"eager": {"median_us": e.eager_us},
+                                  "compiled": {"median_us": e.compiled_us} if e.compiled_us else None,
+                                  "floor_us": e.floor_us}
+            t.figures.set_baseline(base)
+            t.floor_us = e.floor_us
+            root = self.nodes.get(t.node_ids[0]) if t.node_ids else None
+            self._unsettled.add(e.task_id)
+            if root is not None:
+                d.nodes.add(root.node_id)
             d.tasks.add(e.task_id)
 
     def _on_TaskStatus(self, e: ev.TaskStatus, d: Dirty) -> None:
         t = self.tasks.get(e.task_id)
         if t:
+            if t.status == "stopping" and e.status in ("searching", "paused", "waiting"):
+                return  # the stop sent from here has not reached the owner yet: keep saying so
             if e.detail or e.status != t.status:  # a follower's bare status keeps the stored reason
                 t.detail = e.detail
             t.status = e.status
@@ -241,7 +363,7 @@ class RunModel:
             return
         root = e.action == "root"
         n = NodeState(e.node_id, e.task_id, e.parent_id, e.action, e.proposer,
-                      status="ok" if root else "queued", speedup=1.0 if root else None)
+                      status="ok" if root else "queued")
         self.nodes[e.node_id] = n
         parent = self.nodes.get(e.parent_id) if e.parent_id is not None else None
         if parent is not None:
@@ -249,8 +371,6 @@ class RunModel:
         t = self.tasks.get(e.task_id)
         if t:
             t.node_ids.append(e.node_id)
-            if root and t.eager_us is not None:
-                n.time_us = t.eager_us
         if not root:
             self.in_flight.add(e.node_id)
         d.nodes.add(e.node_id)
@@ -267,67 +387,29 @@ class RunModel:
         if n is None:
             return
         was_done = not n.in_flight or n.action == "root"
-        n.status, n.message, n.time_us, n.speedup = e.status, e.message, e.time_us, e.speedup
+        n.status, n.message, n.time_us, n.spread = e.status, e.message, e.time_us, e.spread
         self.in_flight.discard(e.node_id)
         d.nodes.add(e.node_id)
         d.header = True
-        if was_done:
-            return
         t = self.tasks.get(e.task_id)
-        if n.action.startswith("confirm:"):
-            # a side-by-side re-timing of a finished search (engine._confirm): not a candidate,
-            # but it replaces its parent's figure in the choice of the winner
-            if t:
-                self._winner(t, d)
+        if t is not None and n.action != "root":
+            t.figures.update(NodeFigure(n.node_id, n.parent_id, n.action, e.status, e.time_us, e.spread,
+                                        e.eager_us, e.compiled_us, e.eager_clock, e.compiled_clock))
+            self._unsettled.add(e.task_id)
+        if was_done or n.action.startswith("confirm:"):
+            return  # a re-timing is not a candidate (it only changes the figures)
+        if e.status == "lost":
             return
-        self.finish_times.append(e.ts)
+        if self.started is not None and e.ts >= self.started:
+            self.evaluated_here += 1
         if t:
             t.evaluated += 1
             if n.failed:
                 t.failed += 1
-            if e.status == "ok" and e.speedup is not None:
-                self._winner(t, d)
-            t.history.append(t.best_speedup or 0.0)
             d.tasks.add(e.task_id)
 
-    def _winner(self, t: TaskView, d: Dirty) -> None:
-        """The store's rule (store._TASKS_SQL): each verified candidate with its re-timing when
-        it has one, a candidate whose re-timing failed left out; the re-timing row wins."""
-        best = None  # (speedup, node)
-        nodes = [self.nodes[i] for i in t.node_ids if i in self.nodes]
-        confirms: dict[int, list] = {}
-        for c in nodes:
-            if c.action.startswith("confirm:") and not c.in_flight and c.status != "lost":
-                confirms.setdefault(c.parent_id, []).append(c)
-        for n in nodes:
-            if n.action == "root" or n.action.startswith("confirm:") or n.status != "ok" \
-                    or n.speedup is None:
-                continue
-            conf = confirms.get(n.node_id, [])
-            if any(c.status != "ok" for c in conf):
-                continue
-            cand = max(((c.speedup, c) for c in conf if c.speedup is not None), default=(n.speedup, n),
-                       key=lambda x: x[0])
-            if best is None or cand[0] > best[0]:
-                best = cand
-        if best is not None and best[1].node_id != t.best_node:
-            self._set_best(t, best[1].node_id, best[1].time_us, best[0], d)
-
     def _on_BestImproved(self, e: ev.BestImproved, d: Dirty) -> None:
-        t = self.tasks.get(e.task_id)
-        if t:
-            self._winner(t, d)
-            if t.history and t.best_speedup is not None:
-                t.history[-1] = max(t.history[-1], t.best_speedup)
-
-    def _set_best(self, t: TaskView, node_id: int, time_us, speedup, d: Dirty) -> None:
-        old = t.best_node
-        t.best_node, t.best_us, t.best_speedup = node_id, time_us, speedup
-        d.best.add(t.task_id)
-        d.tasks.add(t.task_id)
-        d.nodes.add(node_id)
-        if old is not None:
-            d.nodes.add(old)
+        """The engine's own running best (its ratios): the figures decide what is shown."""
 
     def _on_LLMUsage(self, e: ev.LLMUsage, d: Dirty) -> None:
         """Running totals: shown as they come (adding them up counted every call again)."""
@@ -339,10 +421,11 @@ class RunModel:
         self.workers, d.header = dict(e.nodes), True
 
     def _on_LogLine(self, e: ev.LogLine, d: Dirty) -> None:
-        self.logs.append(e)
+        self.logs.append(LogEntry(e.ts, e.level, e.message))
         d.logs = True
 
     def _on_RunFinished(self, e: ev.RunFinished, d: Dirty) -> None:
-        self.finished = e.ts
         self.summary = e.summary
+        status = (e.summary or {}).get("status") or ("failed" if (e.summary or {}).get("error") else "finished")
+        self._ended(status, e.ts, d)
         d.header = True

@@ -1,6 +1,8 @@
-"""Themes are data (kforge_tui/themes/themes.toml) turned into Textual `Theme`s; the stylesheet sits beside them.
+"""Themes are data (themes/themes.toml at the top of the repository) turned into Textual `Theme`s;
+the stylesheet sits beside them.
 
-They live inside the package so a wheel install ships them (a top-level folder would not be).
+A wheel ships the folder as the package `kforge_tui.themes` (pyproject maps it), so the files are
+found next to the installed package, or at the top of a source checkout.
 """
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from pathlib import Path
 
 from textual.theme import Theme
 
-THEMES_DIR = Path(__file__).resolve().parents[1] / "themes"
+_PACKAGE = Path(__file__).resolve().parents[1]
+THEMES_DIR = next((d for d in (_PACKAGE / "themes", _PACKAGE.parent / "themes") if (d / "themes.toml").is_file()),
+                  _PACKAGE.parent / "themes")
 CSS_PATH = THEMES_DIR / "kforge.tcss"
 ALIASES = {"dark": "kforge-dark", "light": "kforge-light", "ansi": "kforge-ansi"}
 DEFAULT = "kforge-dark"

@@ -1,4 +1,5 @@
-"""Header / status line: what runs where, how fast, and what the LLM has cost so far."""
+"""Header / status line: what runs where, which phase and for how long, how fast, and what the LLM
+has cost so far. When the run's process is gone it says so, and how to continue."""
 from __future__ import annotations
 
 from rich.text import Text
@@ -28,8 +29,16 @@ class StatusBar(Static):
         t.append(f"[{m.device}] " if m.device else "")
         t.append(m.device_name or m.device or "?")
         t.append("\n")
-        t.append(f"{run_state(m):<9}", style=STATE_STYLE.get(run_state(m), "bold" if m.running else ""))
-        t.append(f" elapsed {fmt_elapsed(m.elapsed(now))}")
+        state = run_state(m)
+        t.append(state, style=STATE_STYLE.get(state, "bold" if m.running else ""))
+        if state in ("interrupted", "stopped"):  # the process is gone: what continues it, first
+            t.append(f" — kforge resume {m.run_dir or 'RUN_DIR'}", style="bold")
+            t.append(f"  (ran {fmt_elapsed(m.elapsed(now))}, {m.evaluated_here} candidates)")
+            self.update(t)
+            return
+        if m.running and m.phase and state not in ("done",):
+            t.append(f" {fmt_elapsed(m.phase_elapsed(now))}")  # how long this phase has taken
+        t.append(f"  elapsed {fmt_elapsed(m.elapsed(now))}")
         t.append(f"  {m.per_minute(now):5.1f} cand/min")
         if m.workers:  # a Ray cluster run
             t.append(f"  {workers_text(m.workers)}")
@@ -40,13 +49,14 @@ class StatusBar(Static):
         self.update(t)
 
 
-STATE_STYLE = {"paused": "bold magenta", "done": "bold green", "finished": "bold green", "failed": "bold red"}
+STATE_STYLE = {"paused": "bold magenta", "done": "bold green", "finished": "bold green", "failed": "bold red",
+               "interrupted": "bold red", "stopped": "bold red"}
 
 
 def run_state(m: RunModel) -> str:
-    """One word for the run: its phase, or paused / done (search over) / finished."""
+    """One word for the run: its phase, or paused / done (search over) / how it ended."""
     if m.finished:
-        return "finished"
+        return m.end_status or "finished"
     if m.phase == "search" and m.paused:
         return "paused"
     return m.phase or "starting"

@@ -10,30 +10,44 @@ from rich.text import Text
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
+from kforge_tui.summary import fmt_us
 from kforge_tui.tui.model import NodeState, RunModel
 
 ICONS = {"queued": ("·", "dim"), "pending": ("·", "dim"), "proposing": ("…", "cyan"),
          "static": ("⚙", "yellow"), "compile": ("⚙", "yellow"), "load": ("⇡", "yellow"),
-         "verify": ("≟", "yellow"), "time": ("⏱", "yellow"), "ok": ("✔", "green")}
+         "verify": ("≟", "yellow"), "time": ("⏱", "yellow"), "ok": ("✔", "green"),
+         "lost": ("○", "dim")}
 
 
 def node_label(n: NodeState, best: bool) -> Text:
+    """`✔ ★ #25 set:vec=8 460.1µs 13.87x`: the time and the task's reference over it (the same
+    reference for every node of the task, so a slower node never shows the larger speedup);
+    `noisy` when its own spread is too high to be the best until it is re-timed."""
     icon, style = ICONS.get(n.status, ("✘", "red"))
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(icon + " ", style=style)
     if best:
         t.append("★ ", style="bold green")  # first, so narrow panes never cut it off
+    elif n.noisy and n.status == "ok":
+        t.append("noisy ", style="yellow")  # the fastest may be noisy: said before it is cut off
     t.append(f"#{n.node_id} ", style="bold")
     t.append(n.action)
-    if n.failed:
-        t.append(f" {n.status}", style="red")
+    if n.failed or n.status == "lost":
+        t.append(f" {n.status}", style="red" if n.failed else "dim")
     elif n.in_flight:
         t.append(f" {n.status}", style="yellow")
     if n.time_us is not None:
-        t.append(f" {n.time_us:.1f}µs")
+        t.append(f" {fmt_us(n.time_us, compact=True)}")
     if n.speedup is not None:
         t.append(f" {n.speedup:.2f}x", style="green" if n.speedup > 1 else "")
     return t
+
+
+def label_key(n: NodeState, best: bool) -> tuple:
+    """What a label shows, cheaply: a label is rebuilt only when this changes (a moved reference
+    changes few speedups at two decimals; rebuilding 2,000 labels a second stalled keys)."""
+    return (n.status, n.action, best, n.noisy, None if n.time_us is None else fmt_us(n.time_us, compact=True),
+            None if n.speedup is None else f"{n.speedup:.2f}")
 
 
 def matches(n: NodeState, needle: str) -> bool:
@@ -50,6 +64,7 @@ class SearchTree(Tree):
         self.task_id: str | None = None
         self.filter = ""
         self._tn: dict[int, TreeNode] = {}
+        self._keys: dict[int, tuple] = {}  # node id -> label_key of the label it shows
         self._model: RunModel | None = None
 
     # ------------------------------------------------------------------ building
@@ -61,6 +76,7 @@ class SearchTree(Tree):
             self.filter = filter
         self.clear()
         self._tn = {}
+        self._keys = {}
         t = model.tasks.get(task_id) if task_id else None
         if t is None:
             return
@@ -83,10 +99,27 @@ class SearchTree(Tree):
         parent = self._tn.get(n.parent_id) if n.parent_id is not None else None
         under = parent if parent is not None else self.root
         best = model.tasks[n.task_id].best_node == n.node_id
+        self._keys[n.node_id] = label_key(n, best)
         tn = under.add(node_label(n, best), data=n.node_id, expand=True, allow_expand=False)
         if parent is not None and not parent.allow_expand:
             parent.allow_expand = True
         self._tn[n.node_id] = tn
+
+    def relabel_all(self, model: RunModel) -> None:
+        """Every label of the shown task again (its reference moved, so did every speedup)."""
+        task = model.tasks.get(self.task_id) if self.task_id else None
+        if task is None:
+            return
+        for nid, tn in self._tn.items():
+            n = model.nodes.get(nid)
+            if n is not None:
+                self._relabel(tn, n, task.best_node == nid)
+
+    def _relabel(self, tn: TreeNode, n: NodeState, best: bool) -> None:
+        key = label_key(n, best)
+        if self._keys.get(n.node_id) != key:
+            self._keys[n.node_id] = key
+            tn.set_label(node_label(n, best))
 
     def apply(self, model: RunModel, node_ids: set[int]) -> None:
         """Add new nodes of the shown task and relabel changed ones."""
@@ -104,7 +137,7 @@ class SearchTree(Tree):
                         continue  # keep filtered views simple: ancestors appear on the next rebuild
                     self._add(model, n)
             else:
-                tn.set_label(node_label(n, task is not None and task.best_node == nid))
+                self._relabel(tn, n, task is not None and task.best_node == nid)
 
     # ------------------------------------------------------------------ navigation
     @property
