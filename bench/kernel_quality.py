@@ -118,7 +118,7 @@ def time_liger(task, run_dir, fn):
 
 
 async def evaluate_run(run_dir: str, rows: list, with_liger: bool) -> None:
-    from kforge_tui.engine import _cache_dir
+    from kforge_tui.evaluators import _cache_dir
     from kforge_tui.sandbox.pool import EvaluatorPool
     from kforge_tui.store import RunStore
     from kforge_tui.regions.task import Task

@@ -414,7 +414,7 @@ class RunStore:
         FROM nodes WHERE parent_id IS NOT NULL AND status NOT IN ('pending', 'lost')"""
 
     def _figures(self, task_id: str | None = None) -> dict[str, list]:
-        from kforge_tui.summary import NodeFigure, spread_of
+        from kforge_tui.figures import NodeFigure, spread_of
 
         sql, args = (self._FIGURES_SQL + " AND task_id = ?", (task_id,)) if task_id else (self._FIGURES_SQL, ())
         out: dict[str, list] = {}
@@ -426,7 +426,7 @@ class RunStore:
         return out
 
     def _task_row(self, r: dict, figures: list, control: dict) -> dict:
-        from kforge_tui.summary import TaskFigures
+        from kforge_tui.figures import TaskFigures
 
         base = _loads(r["baseline"])
         f = TaskFigures(base if isinstance(base, dict) else None)

@@ -1,0 +1,131 @@
+"""What evaluates a run's candidates, as the engine sees it: one `EvaluatorPool` per kernel
+language behind the one Evaluator interface (`_PoolPerBackend`), the kernel languages a run
+searches, and the slots that bound evaluations in flight (user work first). The sandbox itself
+is in sandbox/; a Ray cluster's evaluator (cluster/) stands in for `_PoolPerBackend`.
+"""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from kforge_tui.errors import UsageError
+from kforge_tui.regions.task import Task
+
+
+class _Slots:
+    """At most `n` evaluations in flight over all tasks. What the user asked for (a hand-written
+    kernel, a repair) waits at the front of the queue: it is what a person is watching for."""
+
+    def __init__(self, n: int) -> None:
+        from collections import deque
+
+        self._free = n
+        self._front: deque = deque()
+        self._back: deque = deque()
+
+    async def acquire(self, front: bool = False) -> None:
+        if self._free > 0 and not self._front and not self._back:
+            self._free -= 1
+            return
+        queue = self._front if front else self._back
+        fut = asyncio.get_running_loop().create_future()
+        queue.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # handed a slot as we were cancelled: pass it on
+            elif fut in queue:
+                queue.remove(fut)
+            raise
+
+    def release(self) -> None:
+        for queue in (self._front, self._back):
+            while queue:
+                fut = queue.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+                    return
+        self._free += 1
+
+    async def __aenter__(self) -> "_Slots":
+        await self.acquire()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.release()
+
+
+def kernel_backends(device: str, requested: str | None) -> list[str]:
+    """The kernel languages a run searches: the device's own by default; on a GPU `triton`, or
+    `auto` for both CUDA and Triton (each region becomes one task per language)."""
+    if requested in (None, "", device):
+        return [device]
+    if requested == "auto":
+        return ["cuda", "triton"] if device == "cuda" else [device]
+    if requested == "triton":
+        return ["triton"]
+    if requested == "cuda" and device != "cuda":
+        raise UsageError("--backend cuda needs --device cuda (a CUDA GPU)")
+    if requested in ("cuda", "cpu"):
+        return [requested]
+    raise UsageError(f"--backend must be cuda, triton, auto or cpu, not {requested!r}")
+
+
+def device_of(backend: str) -> str:
+    """The device a kernel language runs on (Triton: the GPU, or the CPU under its interpreter)."""
+    if backend == "triton":
+        from kforge_tui.device import cuda_available
+
+        return "cuda" if cuda_available() else "cpu"
+    return backend
+
+
+def _abi_text(task: Task) -> str:
+    """What a proposer is shown of the ABI: the C header, or the Python one for Triton."""
+    if task.backend == "triton":
+        from kforge_tui.regions.abi import python_header
+
+        return python_header(task.inputs, task.outputs)
+    return task.header()
+
+
+class _PoolPerBackend:
+    """One EvaluatorPool per kernel language of the run, behind the one Evaluator interface."""
+
+    def __init__(self, backends: list[str]):
+        from kforge_tui.sandbox.pool import EvaluatorPool, _gpu_count
+
+        self.pools = {b: EvaluatorPool(b, cache_dir=_cache_dir()) for b in backends}
+        # Each pool has one worker per GPU: with two pools (cuda and triton) two candidates
+        # could share a GPU while timed. One evaluation per GPU across the pools.
+        self._gate = asyncio.Semaphore(_gpu_count()) if len(self.pools) > 1 else None
+
+    def _for(self, task_json: dict):
+        return self.pools.get(task_json.get("backend")) or next(iter(self.pools.values()))
+
+    async def start(self) -> None:
+        for p in self.pools.values():
+            await p.start()
+
+    async def baseline(self, task_json: dict, run_dir: str, with_compile: bool = False):
+        if self._gate is None:
+            return await self._for(task_json).baseline(task_json, run_dir, with_compile=with_compile)
+        async with self._gate:
+            return await self._for(task_json).baseline(task_json, run_dir, with_compile=with_compile)
+
+    async def evaluate(self, task_json: dict, run_dir: str, source: str, on_stage=None):
+        if self._gate is None:
+            return await self._for(task_json).evaluate(task_json, run_dir, source, on_stage=on_stage)
+        async with self._gate:
+            return await self._for(task_json).evaluate(task_json, run_dir, source, on_stage=on_stage)
+
+    async def close(self) -> None:
+        for p in self.pools.values():
+            await p.close()
+
+
+def _cache_dir() -> Path:
+    from kforge_tui.config import cache_dir, private_dir
+
+    return private_dir(private_dir(cache_dir()) / "compile")  # compiled candidates of the user's model
