@@ -330,8 +330,7 @@ def cmd_optimize(args) -> int:
         from kforge_tui.search.proposers.llm import _check_reachable
 
         _check_reachable(early.api_base, 2.0, given=True)
-    settings, cfg = _settings_from_args(args)
-    settings.device = resolve_backend(settings.device)
+    settings, cfg = _settings_from_args(args)  # the device resolved there
     _reach_cluster(settings)
     _check_run_dir(settings)
     if settings.ops:

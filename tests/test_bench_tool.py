@@ -55,10 +55,11 @@ def test_tables_render_as_markdown_with_their_record():
 
 
 def test_throughput_reads_the_scripts_summary_line():
-    line = ("| backend cpu | shape 256,1024 | n 20 | ok 20 | cand/min 72.5 | latency med 11.50 s | "
+    line = ("| local | backend cpu | shape 256,1024 | n 20 | ok 20 | cand/min 72.5 | latency med 11.50 s | "
             "compile med 0.90 s | verify med 0.16 s | time med 0.38 s |")
     got = summary("noise\n" + line + "\n")
     assert got["cand/min"] == 72.5 and got["n"] == 20 and got["latency med s"] == 11.5
     assert got["backend"] == "cpu" and got["shape"] == "256,1024"
     # the line the step reads is the one bench/eval_throughput.py prints
-    assert 'print(f"| backend {args.backend} | shape {args.shape}' in (ROOT / "bench" / "eval_throughput.py").read_text()
+    assert got["run"] == "local"
+    assert 'print(f"| {label} | backend {args.backend} | shape {args.shape}' in (ROOT / "bench" / "eval_throughput.py").read_text()

@@ -32,12 +32,15 @@ def add_arguments(g) -> None:
 
 def summary(text: str) -> dict:
     """The script's last table line, `| key value | ... |`, as {key: value}."""
-    lines = [ln for ln in text.splitlines() if ln.startswith("| backend")]
+    lines = [ln for ln in text.splitlines() if ln.startswith("|") and "| backend " in f"{ln} "]
     if not lines:
         return {}
     out = {}
     for cell in lines[-1].strip("| \n").split(" | "):
         toks = cell.split()
+        if len(toks) == 1:  # the run's label (`local`, `ray 2 nodes`): a cell with no value
+            out.setdefault("run", toks[0])
+            continue
         i = next((k for k, t in enumerate(toks) if k and re.fullmatch(r"[-+]?[\d.]+(e[-+]?\d+)?", t)),
                  len(toks) - 1)
         key, val = " ".join(toks[:i]), toks[i:]
