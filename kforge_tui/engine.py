@@ -482,7 +482,7 @@ class Engine:
         time_us = r.timing.median_us if ok and r.timing else None
         self.store.finish_node(node_id, status=r.status, message=r.message, result=r.to_json(),
                                reward=_fail_reward() if not ok else 0.0, time_us=time_us,
-                               speedup=r.speedup if ok else None, worker=r.worker)
+                               speedup=r.speedup if ok else None, worker=getattr(r, "worker", None))
         from kforge_tui.summary import figure_fields, fmt_pct, fmt_us
 
         view = ts.views[node_id]
@@ -697,7 +697,7 @@ class Engine:
         rj = result.to_json() if result is not None else None
         self.store.finish_node(node_id, status=status, message=message, result=rj, reward=reward,
                                time_us=time_us, speedup=speedup,
-                               worker=result.worker if result is not None else None)
+                               worker=getattr(result, "worker", None))
         ts.tree.complete(child, reward=reward, ok=ok, time_us=time_us, speedup=speedup, message=message)
         v = ts.views[node_id]
         v.status, v.message, v.time_us, v.speedup = status, message, time_us, speedup
