@@ -293,19 +293,14 @@ _NATIVE: dict = {}  # "lib": _Native | None, "reason": why not, "build_s": secon
 
 
 def native_dir() -> Path:
-    """Where the C++ op is built: the kforge cache (KFORGE_CACHE, else the user cache), per torch
+    """Where the C++ op is built: the kforge cache (KFORGE_CACHE, else torch's extension root), per torch
     version and op namespace (this file's copy and text), so one build serves every run on the
     machine and two copies in one process (kforge and an export) each have their own library."""
     base = os.environ.get("KFORGE_CACHE")
-    if not base:
-        try:
-            import platformdirs
+    if not base:  # torch's own extension root (TORCH_EXTENSIONS_DIR): an export needs only torch
+        from torch.utils.cpp_extension import get_default_build_root
 
-            base = str(platformdirs.user_cache_path("kforge", appauthor=False))
-        except ImportError:  # an exported package needs only torch: torch's own extension root
-            from torch.utils.cpp_extension import get_default_build_root
-
-            base = os.path.join(get_default_build_root(), "kforge")
+        base = os.path.join(get_default_build_root(), "kforge")
     return Path(base) / "native" / f"torch-{torch.__version__.replace('+', '_')}-{OP_NS}"
 
 
