@@ -388,47 +388,130 @@ def relocate(s: "InputSet", arena: torch.Tensor, ins: list, outs: list) -> None:
 class ArenaWatch:
     """The whole arena, not only the guard zones, must be as the harness left it after a call,
     except the call's output data: a value kept in the slack between one tensor's tail guard
-    and the next one's head guard (issue 21) is a change here. Arenas up to COPY_LIMIT bytes
-    are compared bitwise with a copy; larger ones with a keyed hash (`checksum`) of every byte
-    outside the outputs."""
+    and the next one's head guard (issue 21) is a change here.
+
+    Arenas up to COPY_LIMIT bytes are compared bitwise, as 64-bit words, with an image of what
+    the harness left there. The image is kept up to date, not copied whole before every call:
+    the harness says which ranges it wrote (`touch`, `touch_all`), those are copied into the
+    image before the call, and after the call the call's output data is copied in before one
+    compare of the whole arena (so the outputs are the only bytes the call may change, and
+    the image then holds them). A write the harness forgot to `touch` can only make an honest
+    call fail, never let a dishonest one through: the compare is always of every byte.
+
+    Larger arenas are compared with a keyed hash (`checksum`) of every byte outside the
+    outputs, kept per block of HASH_BLOCK bytes: before a call only the blocks the harness
+    wrote or the outputs (old or new) overlap are hashed again, after it every block is."""
 
     COPY_LIMIT = 256 << 20
+    HASH_BLOCK = 64 << 20
 
-    def __init__(self, arena: torch.Tensor, seed: int):
+    def __init__(self, arena: torch.Tensor, seed: int, image: torch.Tensor | None = None):
         self.arena = arena
         self.seed = seed
         self.copy = arena.numel() <= self.COPY_LIMIT
-        self.snap: torch.Tensor | None = None
+        n = arena.numel()
+        self.image: torch.Tensor | None = None
+        if self.copy and image is not None and image.numel() == n and image.device == arena.device:
+            self.image = image  # a buffer kept by the caller across candidates (contents unused)
         self.skip: list = []
-        self.digest = None
+        self._dirty: list | None = None  # None: everything (the image holds nothing yet)
+        self._blocks: dict[int, int] = {}  # hash mode: block index -> digest under `skip`
+        self._hash_skip: list = []
+        self.armed = False
 
-    def _ranges(self):
-        at = 0
-        for a, b in self.skip:
-            if a > at:
-                yield at, a
-            at = max(at, b)
-        if at < self.arena.numel():
-            yield at, self.arena.numel()
+    # -- what the harness wrote
+    def touch(self, *guarded) -> None:
+        """The harness wrote these guarded buffers (a whole base: guards and data)."""
+        if self._dirty is None:
+            return
+        for g in guarded:
+            if g is not None:
+                self._dirty.append((g.slot.offset, g.slot.offset + g.slot.total))
 
-    def _hash(self) -> int:
-        return sum(checksum(self.arena[a:b], self.seed + a) for a, b in self._ranges()) & ((1 << 64) - 1)
+    def touch_set(self, s) -> None:
+        self.touch(*s.inputs, *s.outputs)
 
+    def touch_all(self) -> None:
+        self._dirty = None
+
+    # -- around one call
     def snapshot(self, outputs: list) -> None:
-        self.skip = sorted((o.slot.offset + GUARD_BYTES, o.slot.offset + GUARD_BYTES + o.slot.span)
-                           for o in outputs)
+        """Before a call whose outputs are `outputs`: the image (or the block digests) brought
+        up to date with what the harness wrote."""
+        skip = _merge([(o.slot.offset + GUARD_BYTES, o.slot.offset + GUARD_BYTES + o.slot.span)
+                       for o in outputs])
         if self.copy:
-            if self.snap is None:
-                self.snap = torch.empty_like(self.arena)
-            self.snap.copy_(self.arena)
+            if self.image is None:
+                self.image = torch.empty_like(self.arena)
+                self._dirty = None
+            if self._dirty is None:
+                self.image.copy_(self.arena)
+            else:
+                for a, b in _merge(self._dirty):
+                    self.image[a:b].copy_(self.arena[a:b])
         else:
-            self.digest = self._hash()
+            stale = None if self._dirty is None else _merge(self._dirty + self.skip + skip)
+            self.skip = skip
+            self._rehash(stale)
+        self.skip = skip
+        self._dirty = []
+        self.armed = True
 
     def changed(self) -> bool:
+        """After the call: did any byte outside its output data change?"""
+        if not self.armed:
+            raise RuntimeError("ArenaWatch.changed() without a snapshot before the call")
+        self.armed = False
         if self.copy:
-            return self.snap is not None and any(not torch.equal(self.arena[a:b], self.snap[a:b])
-                                                 for a, b in self._ranges())
-        return self.digest is not None and self._hash() != self.digest
+            for a, b in self.skip:  # the call's to write; the image holds them from now on
+                self.image[a:b].copy_(self.arena[a:b])
+            return not _equal_words(self.arena, self.image)
+        before = dict(self._blocks)
+        self._rehash(None)
+        return self._blocks != before
+
+    # -- hash mode
+    def _rehash(self, stale: list | None) -> None:
+        n = self.arena.numel()
+        nb = (n + self.HASH_BLOCK - 1) // self.HASH_BLOCK
+        for k in range(nb):
+            lo, hi = k * self.HASH_BLOCK, min(n, (k + 1) * self.HASH_BLOCK)
+            if stale is not None and k in self._blocks and not any(a < hi and b > lo for a, b in stale):
+                continue
+            acc = 0
+            at = lo
+            for a, b in self.skip:
+                if b <= at or a >= hi:
+                    continue
+                if a > at:
+                    acc += checksum(self.arena[at:a], self.seed + at)
+                at = max(at, b)
+            if at < hi:
+                acc += checksum(self.arena[at:hi], self.seed + at)
+            self._blocks[k] = acc & ((1 << 64) - 1)
+
+
+def _merge(ranges: list) -> list:
+    """Sorted, disjoint byte ranges covering `ranges`."""
+    out: list = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        elif b > a:
+            out.append((a, b))
+    return out
+
+
+def _equal_words(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality of two byte buffers, compared as 64-bit words (a uint8 compare is ~6x
+    slower on the cpu) with the tail bytes apart."""
+    n = a.numel()
+    if a.storage_offset() % 8 or b.storage_offset() % 8 or not (a.is_contiguous() and b.is_contiguous()):
+        return torch.equal(a, b)
+    n8 = n // 8 * 8
+    if n8 and not torch.equal(a[:n8].view(torch.int64), b[:n8].view(torch.int64)):
+        return False
+    return n8 == n or torch.equal(a[n8:], b[n8:])
 
 
 def views(arena: torch.Tensor, slots: list[tuple[list, list]], names: list[str] | None = None) -> list[InputSet]:

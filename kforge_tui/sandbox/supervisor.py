@@ -54,6 +54,7 @@ class PreparedTask:
     ref64: object = None
     compiled_fn: object = None
     retries: list = field(default_factory=list)
+    image: object = None  # the buffer the whole-arena check keeps its image in (verify.ArenaWatch)
 
     def reference(self, inputs: list) -> list:
         import torch
@@ -67,6 +68,7 @@ class PreparedTask:
             s.expected = []
             s.saved = []
         self.sets = []
+        self.image = None
         if self.arena is not None:
             self.arena.close()
             self.arena = None
@@ -156,6 +158,12 @@ class Worker(RemoteTiming):
 
         self.torch = torch
         self.lang = backend_name  # the candidates' language: cpu | cuda | triton
+        # the harness's temporaries (a MiB-sized compare, a fresh draw) come from the heap again
+        # instead of a new mapping each (glibc maps blocks over 128 KiB afresh, and every first
+        # touch of their pages faulted: a third of a small region's check time on the cpu)
+        from kforge_tui.sandbox.runner import _keep_freed_memory
+
+        _keep_freed_memory("cpu", device_index)
         self.backend = make_backend(device_kind(backend_name), device_index)  # device, clock, memory
         self.backend.setup()
         self.zygote = zygote
@@ -509,12 +517,14 @@ class Worker(RemoteTiming):
 
         v = verify.Verifier(st.task, st.sets, call, st.reference, device=self.backend.device,
                             sync=self.backend.sync_all, stats=st.stats, reference64=st.ref64, edge=st.edge,
-                            log=log_lines, arena=st.arena.tensor)
+                            log=log_lines, arena=st.arena.tensor, image=st.image)
         v.census = census
         try:
             with _HarnessThreads(torch, st.task):
                 return self._drive(st, req, emit, runner, job, fds, v, res, stage_s, rx, remaining, t)
         finally:
+            if v.watch is not None and st.arena is not None:
+                st.image = v.watch.image  # allocated at its first snapshot; the next candidate's
             res["checks"] = {**v.checks, "runner": "fresh process per candidate", "runner_pid": runner.pid,
                              "edge_float64": st.ref64 is not None}
             if log_lines:

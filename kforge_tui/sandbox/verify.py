@@ -48,6 +48,7 @@ from kforge_tui.regions.meta import FLOAT_DTYPES, TensorMeta
 # keep importing it from here.
 from kforge_tui.sandbox.inputs import *  # noqa: F401,F403
 from kforge_tui.sandbox.inputs import (EDGE_TEXT, ArenaWatch, InputSet, _captured_inputs,  # noqa: F401
+                                       _equal_words,
                                        _captured_stats, checksum, draw, draw_into, edge_into,
                                        edge_kinds, fill_bytes, fill_random, generator, place,
                                        poison_scale, relocate, scrub)
@@ -83,7 +84,7 @@ class Verifier:
 
     def __init__(self, task, sets: list[InputSet], call, reference, *, device="cpu", sync=None,
                  stats: list | None = None, reference64=None, seed: int | None = None,
-                 edge: bool = True, log: list | None = None, arena=None):
+                 edge: bool = True, log: list | None = None, arena=None, image=None):
         self.task = task
         self.sets = sets
         self.call = call
@@ -104,7 +105,7 @@ class Verifier:
         # the whole arena the sets live in (None in process: tests without one): checked after
         # every call outside the outputs, and where timed calls' tensors are placed anew
         self.arena = arena
-        self.watch = ArenaWatch(arena, self.rng.getrandbits(62)) if arena is not None else None
+        self.watch = ArenaWatch(arena, self.rng.getrandbits(62), image) if arena is not None else None
         self._home = {id(x): ([g.slot if g is not None else None for g in x.inputs],
                               [g.slot for g in x.outputs]) for x in sets}
         self.moved = False
@@ -112,7 +113,13 @@ class Verifier:
         self.sum_seed = self.rng.getrandbits(62)  # this candidate's key for input hashes
         self._sums: dict[int, list] = {}
 
+    def _touched(self, s: InputSet) -> None:
+        """The harness wrote into s's buffers (the arena image takes them before the next call)."""
+        if self.watch is not None:
+            self.watch.touch_set(s)
+
     def _restore(self, s: InputSet) -> None:
+        self._touched(s)
         if s.restore_inputs():
             s.expected = []
             s.expected = fresh_outputs(self.task, self.reference(s.tensors()), s.tensors())
@@ -148,6 +155,7 @@ class Verifier:
         self._poison_seed[id(s)] = ("stale", fills) if fills is not None else seed
         g = generator(self.device, seed)
         scale = poison_scale(seed)
+        self._touched(s)
         snaps = []
         for o in s.outputs:
             fill_bytes(o.head, self.gen)
@@ -196,13 +204,18 @@ class Verifier:
               values: bool = True) -> Mismatch | None:
         """After a call on `s`: runner problems, guards, gaps, inputs (bitwise), then values.
         With `values=False` (edge cases judged against float64 instead) a value mismatch counts
-        only where the poison survived: the output was not written."""
+        only where the poison survived: the output was not written.
+
+        With an arena, one compare of every byte outside the call's output data (ArenaWatch)
+        covers the guards and the inputs; only when it finds a change are they looked at one by
+        one, to say which was written."""
         total = sum(e.numel() for e in s.expected) or 1
         if report is not None and report.problem:
             return special_mismatch(label, total, report.problem)
+        arena_changed = self.watch.changed() if self.watch is not None and self.watch.armed else None
         for j, (o, snap) in enumerate(zip(s.outputs, self._guard_snap.get(id(s), []))):
             head, tail, data = snap
-            if not (torch.equal(o.head, head) and torch.equal(o.tail, tail)):
+            if arena_changed is not False and not (torch.equal(o.head, head) and torch.equal(o.tail, tail)):
                 return special_mismatch(label, total, f"wrote outside the output buffer (guard zone of "
                                                       f"output {j} changed)")
             if data is not None:
@@ -210,16 +223,16 @@ class Verifier:
                 if not torch.equal(torch.where(cov, 0, o.data), torch.where(cov, 0, data)):
                     return special_mismatch(label, total, f"wrote outside the output (into the gaps "
                                                           f"of strided output {j})")
-        for i, (g, saved) in enumerate(zip(s.inputs, s.saved)):
+        for i, (g, saved) in enumerate(zip(s.inputs, s.saved) if arena_changed is not False else ()):
             if g is None or saved is None:
                 continue
             if s.host_saved:
                 changed = checksum(g.base, self.sum_seed) != self._sums.get(id(s), [None] * (i + 1))[i]
             else:
-                changed = not torch.equal(g.base, saved)
+                changed = not _equal_words(g.base, saved)
             if changed:
                 return special_mismatch(label, total, f"inputs modified (input {i} changed by the kernel)")
-        if self.watch is not None and self.watch.changed():
+        if arena_changed:
             return special_mismatch(label, total, "wrote outside the outputs: harness memory between "
                                                   "the tensors changed (state kept where no tensor is)")
         pois = None
@@ -257,6 +270,7 @@ class Verifier:
             for g, v in zip(s.inputs, values):
                 if g is not None and v is not None:
                     g.tensor.copy_(v)
+        self._touched(s)
         s.expected = []  # release the old reference first: a big region has room for one
         s.save_inputs()
         s.expected = fresh_outputs(self.task, self.reference(s.tensors()), s.tensors())
@@ -398,6 +412,7 @@ class Verifier:
                     self._restore(s)
                 else:
                     s.expected = []
+                    self._touched(s)
                     for g, c in zip(s.inputs, orig_saved):
                         if g is not None and c is not None:
                             g.base.copy_(c)
@@ -510,6 +525,8 @@ class Verifier:
         if not self.moved:
             return
         scrub(self.arena, self.gen)
+        if self.watch is not None:
+            self.watch.touch_all()
         for x in self.sets:
             ins, outs = self._home[id(x)]
             relocate(x, self.arena, ins, outs)
