@@ -497,7 +497,7 @@ class _LocalChecks(bench.Checks):
     def before(self, i, s, refresh):
         self.v.timed_before(s, refresh)
 
-    def after(self, i, s, report):
+    def after(self, i, s, report, upcoming=None):
         return self.v.timed_after(s, report)
 
 

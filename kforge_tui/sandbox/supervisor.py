@@ -55,6 +55,7 @@ class PreparedTask:
     compiled_fn: object = None
     retries: list = field(default_factory=list)
     image: object = None  # the buffer the whole-arena check keeps its image in (verify.ArenaWatch)
+    bank: object = None  # fresh values and references for timed calls (verify.FreshBank)
 
     def reference(self, inputs: list) -> list:
         import torch
@@ -69,6 +70,8 @@ class PreparedTask:
             s.saved = []
         self.sets = []
         self.image = None
+        if self.bank is not None:
+            self.bank.clear()
         if self.arena is not None:
             self.arena.close()
             self.arena = None
@@ -120,6 +123,13 @@ def estimate_workspace(task, f64: bool = False) -> int:
         return 4 * b * (8 if f64 else 1)
 
 
+def _entry_bytes(task) -> int:
+    """One call's input and output values, contiguous (a bank entry)."""
+    from kforge_tui.regions.meta import DTYPE_BYTES
+
+    return sum(m.numel * DTYPE_BYTES[m.dtype] for m in list(task.inputs) + list(task.outputs) if m.present)
+
+
 @dataclass
 class Plan:
     k: int
@@ -127,6 +137,7 @@ class Plan:
     edge: bool
     edge64: bool
     note: str
+    bank: int = 0  # fresh timed-call entries kept for the task (inputs.FreshBank)
 
 
 class Budget:
@@ -198,10 +209,13 @@ class Worker(RemoteTiming):
             self.spares.append(self.zygote.spawn(self._spawn_args()))
 
     def _take_runner(self, deadline: float) -> RunnerHandle:
+        """A started runner; its replacement is forked at once, so it starts up while this
+        candidate loads and verifies (`_settle_spares` waits for it before the timing loop)."""
         self._top_up()
         for _ in range(3):
             r = self.spares.popleft()
             if r.wait_ready(max(1.0, min(120.0, deadline - time.perf_counter()))):
+                self._top_up_safely()
                 return r
             err = r.error
             r.kill()
@@ -209,6 +223,13 @@ class Worker(RemoteTiming):
                 raise InfraError(f"runner could not start: {err}")
             self._top_up()
         raise InfraError(f"runner could not start: {err}")
+
+    def _settle_spares(self, deadline: float) -> None:
+        """Before a timing loop: every spare runner done starting (its CUDA context, OpenMP
+        pool, imports), so none starts up beside a timed call. A spare that fails is replaced
+        when it is taken."""
+        for r in list(self.spares):
+            r.wait_ready(max(0.1, min(30.0, deadline - time.perf_counter())))
 
     # ------------------------------------------------------------------ per task
     def prepare(self, req: dict, emit) -> dict:
@@ -303,13 +324,26 @@ class Worker(RemoteTiming):
                 break
         k, host, edge, e64, per_set, work = best
         k = max(1, k)
+        bank = 0 if host else self._bank_capacity(task, avail - work - k * per_set)
         gib = 2 ** 30
         note = (f"{k} input set{'s' if k > 1 else ''} of {per_set / gib:.3g} GiB each in "
                 f"{free / gib:.3g} GiB free (reference workspace {ws / gib:.3g} GiB); input copies "
                 f"{'in host memory, device hashes' if host else 'on the device'}; edge cases "
                 + ("judged against float64" if e64 else "judged at the task dtype (no room for a float64 run)"
                    if edge else "skipped (no room)"))
-        return Plan(k, host, edge, e64, note)
+        return Plan(k, host, edge, e64, note, bank)
+
+    BANK_ENTRIES = 128  # a timing loop's warm-up and max_iters, with room
+    BANK_SHARE = 0.25  # of the memory left after the sets
+    BANK_MAX_BYTES = {"cpu": 512 << 20, "cuda": 4 << 30}
+
+    def _bank_capacity(self, task, left: int) -> int:
+        """Entries of the task's fresh-value bank that fit: a share of what the sets leave, at
+        most BANK_MAX_BYTES; none when fewer than 8 fit (a big region draws its few timed calls'
+        values on the spot)."""
+        room = min(max(0, left) * self.BANK_SHARE, self.BANK_MAX_BYTES.get(self.backend.name, 512 << 20))
+        n = int(min(self.BANK_ENTRIES, room // max(_entry_bytes(task), 1)))
+        return n if n >= 8 else 0
 
     def _state(self, task, req: dict, *, max_sets: int | None = None) -> PreparedTask:
         tid = task.task_id
@@ -387,8 +421,12 @@ class Worker(RemoteTiming):
         baseline = {"eager": asdict(eager), "compiled": None, "floor_us": floor, "floor_note": floor_note,
                     **extra, "sets": len(sets), "note": f"{note}; {plan_note}"}
         ref64 = verify.reference64(task, self.backend.device) if plan.edge64 else None
+        bank = plan.bank if max_sets is None and not retries else 0
+        if budget.limit is not None:  # a simulated limit holds for the bank too
+            bank = min(bank, max(0, budget.limit - budget.used) // max(_entry_bytes(task), 1))
         st = PreparedTask(task, gm, sets, arena_box[-1], slots, stats, note, baseline, floor, floor_note,
-                          len(sets), plan_note, edge=plan.edge, ref64=ref64, retries=retries)
+                          len(sets), plan_note, edge=plan.edge, ref64=ref64, retries=retries,
+                          bank=verify.FreshBank(bank if bank >= 8 else 0))
         self.tasks[tid] = st
         while len(self.tasks) > self.MAX_TASKS:
             self.tasks.popitem(last=False)[1].close()
@@ -517,7 +555,7 @@ class Worker(RemoteTiming):
 
         v = verify.Verifier(st.task, st.sets, call, st.reference, device=self.backend.device,
                             sync=self.backend.sync_all, stats=st.stats, reference64=st.ref64, edge=st.edge,
-                            log=log_lines, arena=st.arena.tensor, image=st.image)
+                            log=log_lines, arena=st.arena.tensor, image=st.image, bank=st.bank)
         v.census = census
         try:
             with _HarnessThreads(torch, st.task):
@@ -608,6 +646,9 @@ class Worker(RemoteTiming):
                 if mm is not None:
                     res["mismatch"] = asdict(mm)
                     return self._fail(res, "verify_error", "verify", mm.summary())
+                t = time.perf_counter()
+                self._settle_spares(time.perf_counter() + remaining())
+                stage_s["spares"] = time.perf_counter() - t  # (what of their start-up was not hidden)
                 emit("time")
                 res["stage"] = "time"
                 t = time.perf_counter()

@@ -84,7 +84,7 @@ class Verifier:
 
     def __init__(self, task, sets: list[InputSet], call, reference, *, device="cpu", sync=None,
                  stats: list | None = None, reference64=None, seed: int | None = None,
-                 edge: bool = True, log: list | None = None, arena=None, image=None):
+                 edge: bool = True, log: list | None = None, arena=None, image=None, bank=None):
         self.task = task
         self.sets = sets
         self.call = call
@@ -112,6 +112,9 @@ class Verifier:
         self._last_timed = None
         self.sum_seed = self.rng.getrandbits(62)  # this candidate's key for input hashes
         self._sums: dict[int, list] = {}
+        self.bank = bank  # inputs.FreshBank of the task, or None
+        self._bank_order = list(range(len(bank.entries))) if bank is not None else []
+        self.rng.shuffle(self._bank_order)
 
     def _touched(self, s: InputSet) -> None:
         """The harness wrote into s's buffers (the arena image takes them before the next call)."""
@@ -261,9 +264,10 @@ class Verifier:
         return self.check(s, label, rep, values=values)
 
     # -- values written into a set's buffers
-    def write_values(self, s: InputSet, values=None) -> None:
+    def write_values(self, s: InputSet, values=None, expected: list | None = None) -> None:
         """New input values into s's own buffers (a list of tensors, or a function writing them
-        in place), then a new private copy and a new reference."""
+        in place), then a new private copy and a new reference (`expected`: the reference
+        already computed for exactly these values)."""
         if callable(values):
             values(s.tensors())
         elif values is not None:
@@ -273,7 +277,8 @@ class Verifier:
         self._touched(s)
         s.expected = []  # release the old reference first: a big region has room for one
         s.save_inputs()
-        s.expected = fresh_outputs(self.task, self.reference(s.tensors()), s.tensors())
+        s.expected = expected if expected is not None else \
+            fresh_outputs(self.task, self.reference(s.tensors()), s.tensors())
         self._rehash(s)
         self.sync()
 
@@ -508,11 +513,29 @@ class Verifier:
             self.write_values(s, same)
             self.checks["replay_probes"] = self.checks.get("replay_probes", 0) + 1
         elif refresh or slots is not None:
-            self.write_values(s, self.fresh_values())
+            self._fresh_timed(s)
             self.checks["fresh_timed"] += 1
         self._last_timed = s
         self.prepare(s, stale=False)
         return slots
+
+    def _fresh_timed(self, s: InputSet) -> None:
+        """Values this candidate has not seen: the task's bank entries in this candidate's own
+        order, each once; past them, a new draw (kept in the bank for later candidates)."""
+        bank = self.bank if not s.host_saved else None
+        if bank is not None and self._bank_order:
+            vals, expected = bank.entries[self._bank_order.pop()]
+            self.write_values(s, vals, expected=expected)
+            return
+        self.write_values(s, self.fresh_values())
+        if bank is not None and len(bank.entries) < bank.capacity:
+            try:
+                bank.add([g.tensor.clone(memory_format=torch.contiguous_format) if g is not None else None
+                          for g in s.inputs], list(s.expected))
+            except Exception as e:  # noqa: BLE001 - a full bank only costs the next candidates a draw
+                if not is_oom(e):
+                    raise
+                bank.capacity = len(bank.entries)
 
     def timed_after(self, s: InputSet, report: CallReport | None = None) -> Mismatch | None:
         self.sync()
