@@ -313,7 +313,9 @@ class EvaluatorPool:
             if w.proc is None or w.proc.returncode is not None:
                 await self._restart(w)
             tid = Task.from_json(tj).task_id
+            prep_s = 0.0
             if tid not in w.prepared:
+                tp = time.perf_counter()
                 try:
                     rep = await w.request({"cmd": "prepare", "task": tj, "run_dir": run_dir,
                                            "cache_dir": str(self.cache_dir), "timing": self.timing,
@@ -329,6 +331,7 @@ class EvaluatorPool:
                     kind = "infra_error" if rep.get("infra") else "crash"
                     return None, f"{kind}:worker could not prepare the task: {rep.get('error')}", w, queued
                 w.prepared.add(tid)
+                prep_s = time.perf_counter() - tp
             since = w.lines_seen
             try:
                 rep = await w.request({**payload, "task": tj, "run_dir": run_dir,
@@ -347,6 +350,7 @@ class EvaluatorPool:
                 await self._restart(w)
                 return None, f"crash:{e}\n{e.tail}", w, queued
             rep["_stderr"] = w.tail_text(since)
+            rep["_prepare_s"] = prep_s  # the task's sets, references and baselines, once per worker
             if rep.get("result", {}).get("fatal"):
                 self.stats["crashes"] += 1
                 await self._restart(w)
@@ -458,6 +462,9 @@ class EvaluatorPool:
             cr = await compile_candidate(source, self.backend, self.arch, self.cache_dir,
                                          self.compile_timeout_s, header=header)
         stage_s["compile"] = time.perf_counter() - t
+        if cr.check_seconds is not None:  # the binary check (ELF, instructions): a stage of its own
+            stage_s["binary_check"] = cr.check_seconds
+            stage_s["compile"] = max(0.0, stage_s["compile"] - cr.check_seconds)
         base = dict(resources=dict(cr.resources or {}), compile_s=cr.seconds, cached=bool(cr.cached),
                     stage_s=stage_s)
         if not cr.ok:
@@ -561,6 +568,8 @@ class EvaluatorPool:
                               log=rep.get("_stderr", ""), **base)
         r = rep["result"]
         stage_s.update(r.get("stage_s") or {})
+        if rep.get("_prepare_s"):
+            stage_s["prepare"] = rep["_prepare_s"]
         if r.get("jit_s") is not None and base.get("compile_s") is None:
             base["compile_s"] = r["jit_s"]  # Triton: its JIT, done in the load stage
         if r.get("status") == "infra_error":

@@ -506,7 +506,8 @@ class Worker(RemoteTiming):
             runner = self._take_runner(deadline)
         except InfraError:
             raise
-        stage_s["runner"] = time.perf_counter() - t
+        stage_s["runner"] = time.perf_counter() - t  # waiting for a started runner (0 when one was ready)
+        t = time.perf_counter()
         sets_idx = {id(s): i for i, s in enumerate(st.sets)}
         info, fds = st.arena.handle()
         cand_dir = None
@@ -708,7 +709,9 @@ class Worker(RemoteTiming):
             return self._fail(res, "impossible_timing", "time",
                               f"median {timing['median_us']:.3g} us is below the roofline floor "
                               f"{st.floor:.3g} us ({st.floor_note}); not a win")
+        t = time.perf_counter()
         fresh = self._adjacent_baselines(st, req)
+        res["stage_s"]["baselines"] = time.perf_counter() - t
         res["baseline"] = fresh.get("eager") or st.baseline["eager"]
         res["compiled"] = fresh.get("compiled")
         eager = res["baseline"]["median_us"]
