@@ -193,25 +193,62 @@ def _flat_views(t: torch.Tensor):
 
 
 def checksum(buf: torch.Tensor, seed: int) -> int:
-    """A keyed hash of a byte buffer computed where it lives (a device pass, no copy of it):
-    sum over 32-bit words of (word + 1) * h(index), h an odd multiplier from the seed, wrapping
-    in 64 bits. With a seed the kernel never sees, a change it makes to an input cannot be made
-    to keep the sum. Used where a region is too big for a private copy on the device."""
-    a = (seed | 1) & ((1 << 61) - 1)
-    b = (seed >> 3) & ((1 << 61) - 1)
+    """A keyed hash of a byte buffer computed where it lives (no copy of it): every 64-bit word
+    is mixed with its position and keys drawn from `seed` (xor, multiply, xor-shift: not linear,
+    so no pair of changes cancels without the keys), and the mixed words are summed, wrapping in
+    64 bits. With a seed the kernel never sees, a change it makes cannot be made to keep the
+    sum. Used where a region is too big for a bitwise copy (inputs in host mode, big arenas):
+    the same bytes at the same place hash alike (words are cut on 8-byte addresses).
+    On a GPU the mixing and the sum are one compiled kernel (a pass at memory speed; eager
+    torch made ~10 passes of int64 temporaries over every chunk)."""
+    rng = random.Random(seed)
+    k1, k2, k3 = (rng.getrandbits(63) | 1 for _ in range(3))
     n = buf.numel()
-    n4 = n // 4
+    lead = min(n, (-buf.storage_offset()) % 8) if buf.is_contiguous() else n
+    body = (n - lead) // 8 * 8
     acc = 0
-    words = buf[:n4 * 4].view(torch.int32)
-    for lo in range(0, n4, CHUNK):
-        w = words[lo:lo + CHUNK].to(torch.int64)
-        idx = torch.arange(lo, lo + w.numel(), device=buf.device, dtype=torch.int64)
-        h = (idx * a + b) | 1
-        acc = (acc + int(((w + 1) * h).sum())) & ((1 << 64) - 1)
-    if n4 * 4 < n:
-        tail = buf[n4 * 4:].to(torch.int64)
-        acc = (acc + int((tail * torch.arange(1, tail.numel() + 1, device=buf.device)).sum()) * a) & ((1 << 64) - 1)
-    return acc
+    if body:
+        words = buf[lead:lead + body].view(torch.int64)
+        for lo in range(0, words.numel(), CHUNK):
+            acc += _mixed_sum(words[lo:lo + CHUNK], lo, k1, k2, k3)
+    rest = torch.cat([buf[:lead], buf[lead + body:]]) if lead or lead + body < n else None
+    if rest is not None and rest.numel():  # the unaligned bytes, each a word of its own
+        acc += _mixed_sum(rest.to(torch.int64), (1 << 62) + lead, k1, k2, k3)
+    return acc & ((1 << 64) - 1)
+
+
+def _mix(w: torch.Tensor, base: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
+         k3: torch.Tensor) -> torch.Tensor:
+    idx = torch.arange(w.numel(), device=w.device, dtype=torch.int64) + base
+    h = (w ^ (idx * k1)) * k2
+    h = (h ^ (h >> 31)) * k3
+    return (h ^ (h >> 29)).sum()
+
+
+_MIX_COMPILED: dict = {}
+
+
+def _mixed_sum(w: torch.Tensor, base: int, k1: int, k2: int, k3: int) -> int:
+    def t(v):
+        return torch.tensor(_signed(v), dtype=torch.int64, device=w.device)
+
+    args = (w, t(base), t(k1), t(k2), t(k3))
+    fn = _mix
+    if w.device.type == "cuda":
+        fn = _MIX_COMPILED.get("cuda")
+        if fn is None:
+            fn = _MIX_COMPILED["cuda"] = torch.compile(_mix, dynamic=True, fullgraph=True)
+        try:
+            return int(fn(*args))
+        except Exception:  # noqa: BLE001 - Inductor unavailable: the same sum, eagerly
+            _MIX_COMPILED["cuda"] = _mix
+            fn = _mix
+    return int(fn(*args))
+
+
+def _signed(v: int) -> int:
+    v &= (1 << 64) - 1
+    return v - (1 << 64) if v >= 1 << 63 else v
 
 
 def fill_random(t: torch.Tensor, gen: torch.Generator, scale: float = 1.0) -> None:
@@ -565,6 +602,21 @@ def _captured_inputs(task, call: dict) -> list:
     return [(vals[i] if i < len(vals) else None) for i in range(len(task.inputs))]
 
 
+def summarised_stats(task, run_dir, task_id: str) -> list | None:
+    """Value statistics of the real calls the capture kept only as statistics (over its cap:
+    workload/capture.py writes them to summarised.json), for a task with no captured call."""
+    import json
+
+    from kforge_tui.regions.task import capture_dir
+
+    try:
+        first = json.loads((capture_dir(run_dir, task_id) / "summarised.json").read_text())[0]
+    except (OSError, ValueError, IndexError, KeyError, TypeError):
+        return None
+    st = list(first.get("stats") or [])
+    return [(_stats_of(st[i]) if i < len(st) else None) for i in range(len(task.inputs))]
+
+
 def _captured_stats(task, calls: list[dict]) -> list:
     if not calls:
         return [None] * len(task.inputs)
@@ -583,7 +635,7 @@ def build_sets(task, calls: list[dict], n_random: int, device, seed: int,
                reference: Callable[[list], list], *, min_sets: int = 0, max_sets: int | None = None,
                alloc: Callable[[int], torch.Tensor] | None = None,
                account: Callable[[int], None] | None = None,
-               host_saved: bool = False) -> tuple[list[InputSet], str, torch.Tensor]:
+               host_saved: bool = False, stats: list | None = None) -> tuple[list[InputSet], str, torch.Tensor]:
     """Captured calls plus `n_random` fresh draws (more if fewer than `min_sets` in all), at most
     `max_sets` in all (random draws dropped first, then the last captured calls).
 
@@ -608,7 +660,8 @@ def build_sets(task, calls: list[dict], n_random: int, device, seed: int,
         account(nbytes)
     arena = alloc(nbytes) if alloc is not None else new_arena(nbytes, device)
     scrub(arena, gen)  # every byte random, the slack between slots too: nothing there to read
-    stats = _captured_stats(task, calls)
+    summarised = not calls and stats is not None and any(x is not None for x in stats)
+    stats = stats if stats is not None else _captured_stats(task, calls)
     names = [f"captured[{i}]" for i in range(n_cap_used)] + [f"random[{i}]" for i in range(n_random)]
     sets = views(arena, slots, names)
     sum_seed = int.from_bytes(os.urandom(8), "little") >> 2
@@ -642,8 +695,10 @@ def build_sets(task, calls: list[dict], n_random: int, device, seed: int,
     if n_cap_used < n_cap:
         dropped.append(f"{n_cap - n_cap_used} captured calls left out (memory)")
     note = (f"{n_cap_used} captured calls + {n_random} random draws matched to captured value statistics"
-            if n_cap else f"no captured calls: {n_random} random draws (floats N(0,1) clipped to [-6, 6], "
-                          f"integers 0..1, bool random)")
+            if n_cap else f"no captured calls (over the capture cap): {n_random} random draws matched to the "
+                          f"real calls' value statistics" if summarised else
+            f"no captured calls: {n_random} random draws (floats N(0,1) clipped to [-6, 6], "
+            f"integers 0..1, bool random)")
     if dropped:
         note += "; " + "; ".join(dropped)
     return sets, note, arena

@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
 
+from kforge_tui.sandbox import references
 from kforge_tui.sandbox.backends import device_kind, make_backend
 from kforge_tui.sandbox.timing import RemoteTiming
 from kforge_tui.sandbox.channel import RunnerGone, recv, send
@@ -56,6 +57,7 @@ class PreparedTask:
     retries: list = field(default_factory=list)
     image: object = None  # the buffer the whole-arena check keeps its image in (verify.ArenaWatch)
     bank: object = None  # fresh values and references for timed calls (verify.FreshBank)
+    slices64: int = 1  # the float64 and one-ulp runs in dim-0 slices (references.in_slices)
 
     def reference(self, inputs: list) -> list:
         import torch
@@ -138,6 +140,7 @@ class Plan:
     edge64: bool
     note: str
     bank: int = 0  # fresh timed-call entries kept for the task (inputs.FreshBank)
+    slices64: int = 1  # the float64 run in this many dim-0 slices (references.reference64)
 
 
 class Budget:
@@ -279,10 +282,12 @@ class Worker(RemoteTiming):
         the region is too big for it - a private device copy of the inputs (else a host copy and
         a keyed device hash). Beside the sets: the reference's workspace (every value its graph
         makes, an upper bound from a run on meta tensors), what re-writing a set's values keeps
-        alive for a moment, the float64 run of the edge cases, the copy of the arena the
-        whole-arena check compares with (verify.ArenaWatch), and
-        its CUDA context, and a margin. The richest configuration that still leaves enough sets
-        to rotate wins; with no room for even that, the leanest one with a single set."""
+        alive for a moment, the float64 run of the edge cases (in dim-0 slices, `slices64`,
+        when it does not fit whole: `references.reference64`) with the one-ulp sensitivity run
+        beside its result, the copy of the arena the whole-arena check compares with
+        (verify.ArenaWatch), and its CUDA context, and a margin. The richest configuration that
+        still leaves enough sets to rotate wins; with no room for even that, the leanest one
+        with a single set."""
         from kforge_tui.regions.meta import DTYPE_BYTES
         from kforge_tui.sandbox import verify
 
@@ -290,14 +295,18 @@ class Worker(RemoteTiming):
         in_b = sum(x.total for x in ins if x is not None)
         out_b = sum(m.nbytes for m in task.outputs)
         gaps = sum(x.span for x, m in zip(outs, task.outputs) if x.span > m.nbytes)
-        pools = min(per_arena * max(4, n_calls + 3), verify.ArenaWatch.COPY_LIMIT)  # the arena's copy
         ws = estimate_workspace(task)
-        ws64 = estimate_workspace(task, f64=True) + sum(m.numel * 8 for m in task.outputs)
+        ws64_run = estimate_workspace(task, f64=True)  # the float64 run's copies and values
+        out64 = sum(m.numel * 8 for m in task.outputs)  # its result, kept whole for the judge
+        batch = references.batch_of(task)
+
+        def ws64(n: int) -> int:  # n slices: a slice's run beside the whole result; then the
+            return max(out64 + ws64_run // n, out64 + out_b + (in_b + ws) // n)  # one-ulp run beside it
         cmp_ws = min(max((m.numel for m in task.outputs), default=0), verify.CHUNK) * 8 * 6
         free = self.backend.free_bytes()
         if budget.free is not None:
             free = min(free, int(budget.free))
-        avail = free - self.backend.reserve_bytes(self.n_spares) - pools - cmp_ws
+        avail = free - self.backend.reserve_bytes(self.n_spares) - cmp_ws
         desired = max(4, n_calls + 3)
         big = per_arena > 4 * self.backend.cache_bytes  # rotation matters little past the cache
         need = 2 if big else 4
@@ -307,31 +316,49 @@ class Worker(RemoteTiming):
         if host_ok:
             options += [(True, True, True), (True, True, False)]
         options += [(False, False, False)] + ([(True, False, False)] if host_ok else [])
+        def fit(per_set: int, work: int) -> int:
+            """Sets that fit beside `work`: with an image of the arena for the whole-arena check
+            when the arena is small enough for one (verify.ArenaWatch), else its block hashes."""
+            if not per_set:
+                return desired
+            k = (avail - work) // per_set
+            if k * per_arena <= verify.ArenaWatch.COPY_LIMIT:
+                k = (avail - work) // (per_set + per_arena)
+            return int(min(k, desired))
+
+        slicings = [1] + ([n for n in (2, 4, 8, 16, 32, 64) if n <= batch] if batch else [])
         best = None
         for host, edge, e64 in options:
             per_set = per_arena + out_b + gaps + (0 if host else in_b)
-            work = ws + (0 if host else out_b + in_b)  # re-writing a set: new copy, old reference
+            base = ws + (0 if host else out_b + in_b)  # re-writing a set: new copy, old reference
             if edge and not host:
-                work += out_b + in_b  # an edge case keeps the originals (host mode restores them)
-            if e64:
-                work += ws64
-            k = int((avail - work) // per_set) if per_set else desired
-            k = min(k, desired)
-            if best is None or (k >= 1 and best[0] < 1):  # the first that fits at all
-                best = (k, host, edge, e64, per_set, work)
-            if k >= min(desired, need):
-                best = (k, host, edge, e64, per_set, work)
+                base += out_b + in_b  # an edge case keeps the originals (host mode restores them)
+            for n in (slicings if e64 else [1]):
+                work = base + (ws64(n) if e64 else 0)
+                k = fit(per_set, work)
+                if best is None or (k >= 1 and best[0] < 1):  # the first that fits at all
+                    best = (k, host, edge, e64, per_set, work, n)
+                if k >= min(desired, need):
+                    best = (k, host, edge, e64, per_set, work, n)
+                    break
+            if best[0] >= min(desired, need):
                 break
-        k, host, edge, e64, per_set, work = best
+        if best[0] < 1:  # nothing fits even one set: the leanest configuration, with one
+            host, edge, e64 = options[-1]
+            per_set = per_arena + out_b + gaps + (0 if host else in_b)
+            best = (1, host, edge, e64, per_set, ws + (0 if host else out_b + in_b), 1)
+        k, host, edge, e64, per_set, work, slices = best
         k = max(1, k)
-        bank = 0 if host else self._bank_capacity(task, avail - work - k * per_set)
+        image = k * per_arena if k * per_arena <= verify.ArenaWatch.COPY_LIMIT else 0
+        bank = 0 if host else self._bank_capacity(task, avail - work - k * per_set - image)
         gib = 2 ** 30
         note = (f"{k} input set{'s' if k > 1 else ''} of {per_set / gib:.3g} GiB each in "
                 f"{free / gib:.3g} GiB free (reference workspace {ws / gib:.3g} GiB); input copies "
                 f"{'in host memory, device hashes' if host else 'on the device'}; edge cases "
-                + ("judged against float64" if e64 else "judged at the task dtype (no room for a float64 run)"
+                + (("judged against float64" + (f" (run in {slices} slices of dim 0)" if slices > 1 else ""))
+                   if e64 else "judged at the task dtype (no room for a float64 run)"
                    if edge else "skipped (no room)"))
-        return Plan(k, host, edge, e64, note, bank)
+        return Plan(k, host, edge, e64, note, bank, slices if e64 else 1)
 
     BANK_ENTRIES = 128  # a timing loop's warm-up and max_iters, with room
     BANK_SHARE = 0.25  # of the memory left after the sets
@@ -373,6 +400,8 @@ class Worker(RemoteTiming):
             k = min(k, max_sets)
         gm = to_graph_module(task.graph, self.backend.device)
         stats = verify._captured_stats(task, calls)
+        if not calls and req.get("run_dir"):  # every real call over the capture cap: its statistics
+            stats = verify.summarised_stats(task, req["run_dir"], cap_id) or stats
         retries = []
         while True:
             budget.used = 0
@@ -393,7 +422,7 @@ class Worker(RemoteTiming):
                     sets, note, _ = verify.build_sets(
                         task, calls, 3, self.backend.device, int.from_bytes(os.urandom(4), "little"),
                         ref, min_sets=4, max_sets=k, alloc=alloc, account=budget.account,
-                        host_saved=plan.host_saved)
+                        host_saved=plan.host_saved, stats=stats)
                     self.backend.sync_all()
                     eager, _ = bench.time_calls(self.backend, lambda s: gm(*s.tensors()), sets,
                                                 {**bench.DEFAULT_TIMING, **(req.get("timing") or {}),
@@ -420,13 +449,21 @@ class Worker(RemoteTiming):
         floor, floor_note, extra = self._floor(task, req)
         baseline = {"eager": asdict(eager), "compiled": None, "floor_us": floor, "floor_note": floor_note,
                     **extra, "sets": len(sets), "note": f"{note}; {plan_note}"}
-        ref64 = verify.reference64(task, self.backend.device) if plan.edge64 else None
+        ref64, slices = None, 1
+        if plan.edge64 and plan.slices64 > 1 and not references.sliceable(task, ref, sets[0].tensors(),
+                                                                          sets[0].expected, plan.slices64):
+            plan_note = plan_note.replace(f"judged against float64 (run in {plan.slices64} slices of dim 0)",
+                                          "judged at the task dtype (its float64 run does not fit whole, and "
+                                          "the region does not compute its rows one by one)")
+            baseline["note"] = f"{note}; {plan_note}"
+        elif plan.edge64:
+            ref64, slices = verify.reference64(task, self.backend.device, plan.slices64), plan.slices64
         bank = plan.bank if max_sets is None and not retries else 0
         if budget.limit is not None:  # a simulated limit holds for the bank too
             bank = min(bank, max(0, budget.limit - budget.used) // max(_entry_bytes(task), 1))
         st = PreparedTask(task, gm, sets, arena_box[-1], slots, stats, note, baseline, floor, floor_note,
                           len(sets), plan_note, edge=plan.edge, ref64=ref64, retries=retries,
-                          bank=verify.FreshBank(bank if bank >= 8 else 0))
+                          bank=verify.FreshBank(bank if bank >= 8 else 0), slices64=slices)
         self.tasks[tid] = st
         while len(self.tasks) > self.MAX_TASKS:
             self.tasks.popitem(last=False)[1].close()
@@ -556,7 +593,8 @@ class Worker(RemoteTiming):
 
         v = verify.Verifier(st.task, st.sets, call, st.reference, device=self.backend.device,
                             sync=self.backend.sync_all, stats=st.stats, reference64=st.ref64, edge=st.edge,
-                            log=log_lines, arena=st.arena.tensor, image=st.image, bank=st.bank)
+                            log=log_lines, arena=st.arena.tensor, image=st.image, bank=st.bank,
+                            slices=st.slices64)
         v.census = census
         try:
             with _HarnessThreads(torch, st.task):

@@ -84,7 +84,8 @@ class Verifier:
 
     def __init__(self, task, sets: list[InputSet], call, reference, *, device="cpu", sync=None,
                  stats: list | None = None, reference64=None, seed: int | None = None,
-                 edge: bool = True, log: list | None = None, arena=None, image=None, bank=None):
+                 edge: bool = True, log: list | None = None, arena=None, image=None, bank=None,
+                 slices: int = 1):
         self.task = task
         self.sets = sets
         self.call = call
@@ -113,6 +114,7 @@ class Verifier:
         self.sum_seed = self.rng.getrandbits(62)  # this candidate's key for input hashes
         self._sums: dict[int, list] = {}
         self.bank = bank  # inputs.FreshBank of the task, or None
+        self.slices = slices  # the one-ulp run in dim-0 slices (a region references.sliceable says may)
         self._bank_order = list(range(len(bank.entries))) if bank is not None else []
         self.rng.shuffle(self._bank_order)
 
@@ -292,19 +294,31 @@ class Verifier:
     def _perturbed_reference(self, s: InputSet) -> list | None:
         """PyTorch's outputs on s's inputs with every float element moved by about one ulp (a
         random sign each): how far honest rounding can move this region's result
-        (`judge_f64`). None when it does not fit in memory."""
-        try:
+        (`judge_f64`). None when it does not fit in memory. The inputs are copied once and
+        moved in pieces (no sign tensor or wide temporary of a region's size)."""
+        from kforge_tui.sandbox.inputs import _flat_views
+        from kforge_tui.sandbox.references import in_slices
+
+        def perturbed(inputs: list) -> list:
             ins = []
-            for t, m in zip(s.tensors(), self.task.inputs):
+            for t, m in zip(inputs, self.task.inputs):
                 if t is None or m.dtype not in FLOAT_DTYPES:
                     ins.append(t)
                     continue
                 eps = 2.0 ** -MANTISSA[m.dtype]
-                sign = torch.randint(0, 2, tuple(t.shape), generator=self.gen,
-                                     device=t.device).to(torch.float32) * 2 - 1
                 work = torch.float64 if m.dtype == "float64" else torch.float32
-                ins.append((t.to(work) * (1 + eps * sign)).to(t.dtype))
-            return [o.detach() for o in self.reference(ins)]
+                c = t.clone()
+                for _, piece in _flat_views(c):
+                    f = torch.empty(piece.shape, dtype=work, device=piece.device).bernoulli_(0.5, generator=self.gen)
+                    f.mul_(2 * eps).add_(1 - eps)  # 1 +- eps
+                    piece.copy_(piece.to(work) * f)
+                ins.append(c)
+            return ins
+
+        try:
+            outs = in_slices(self.task, lambda ins: [o.detach() for o in self.reference(ins)], s.tensors(),
+                             self.slices, prep=perturbed)
+            return check_outputs(self.task, outs)
         except Exception as e:
             if is_oom(e):
                 self.log.append("edge case: one-ulp sensitivity skipped (out of memory)")
