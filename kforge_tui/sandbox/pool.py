@@ -253,6 +253,10 @@ class EvaluatorPool:
         self._compile_sem: asyncio.Semaphore | None = None
         self._started = False
         self._start_lock = asyncio.Lock()
+        # Set by a caller running several pools on the same GPUs (cuda and triton): one
+        # evaluation per GPU across them, held only while a worker runs it - static checks and
+        # compiles stay parallel.
+        self.device_gate: asyncio.Semaphore | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -301,13 +305,31 @@ class EvaluatorPool:
             await w.kill()  # left dead; the next request on it respawns
 
     # ------------------------------------------------------------------ worker access
+    async def _take_worker(self) -> "_Worker":
+        """An idle worker, and the device gate (when set) for as long as it is held."""
+        assert self._idle is not None
+        if self.device_gate is not None:
+            await self.device_gate.acquire()
+        try:
+            return await self._idle.get()
+        except BaseException:
+            if self.device_gate is not None:
+                self.device_gate.release()
+            raise
+
+    def _give_back(self, w: "_Worker") -> None:
+        assert self._idle is not None
+        self._idle.put_nowait(w)
+        if self.device_gate is not None:
+            self.device_gate.release()
+
     async def _run_on_worker(self, tj: dict, run_dir: str, payload: dict, timeout: float,
                              on_event=None, capture_id: str | None = None) -> tuple[dict | None, str, _Worker | None, float]:
         """(reply, failure, worker, queued_s): failure is "", "timeout:<text>" or "crash:<text>"."""
         await self.start()
         assert self._idle is not None
         t0 = time.perf_counter()
-        w = await self._idle.get()
+        w = await self._take_worker()
         queued = time.perf_counter() - t0
         try:
             if w.proc is None or w.proc.returncode is not None:
@@ -360,7 +382,7 @@ class EvaluatorPool:
                 w.evaluations += 1
                 if w.evaluations >= self.restart_every and w.proc is not None:
                     await self._restart(w)
-            self._idle.put_nowait(w)
+            self._give_back(w)
 
     # ------------------------------------------------------------------ Evaluator API
     async def baseline(self, task_json: dict, run_dir: str, with_compile: bool = False) -> Baseline:
@@ -374,7 +396,7 @@ class EvaluatorPool:
         tj = self._task_json(task_json)
         await self.start()
         assert self._idle is not None
-        w = await self._idle.get()
+        w = await self._take_worker()
         try:
             if w.proc is None or w.proc.returncode is not None:
                 await self._restart(w)
@@ -393,7 +415,7 @@ class EvaluatorPool:
                 raise WorkFailed(f"baseline of {Task.from_json(tj).task_id} failed{what}: {rep.get('error')}")
             w.prepared.add(Task.from_json(tj).task_id)
         finally:
-            self._idle.put_nowait(w)
+            self._give_back(w)
         b = rep["baseline"]
         return Baseline(eager=Timing(**b["eager"]),
                         compiled=Timing(**b["compiled"]) if b.get("compiled") else None,
