@@ -930,15 +930,16 @@ def device_of(backend: str) -> str:
 def default_parallel(device: str) -> int:
     """Candidates in flight when the user gives no --parallel. On a GPU, enough to keep every
     worker busy while others compile (a compile takes ~1.3 s on the H200 box, a worker's share of
-    a candidate ~0.3 s: about five per GPU, and two more so a slow one does not stall it), no
-    more than the CPU cores that compile them; on the cpu 2 (the cores time candidates too)."""
+    a candidate ~0.3 s: five compiling per GPU, one in the worker), and no more: past that a
+    candidate only waits longer for the same worker (latency = in flight / rate); never more
+    than the CPU cores that compile them. On the cpu 2 (the cores time candidates too)."""
     if device != "cuda":
         return 2
     import os
 
     from kforge_tui.sandbox.pool import _gpu_count
 
-    return max(4, min(os.cpu_count() or 4, 6 * _gpu_count() + 2))
+    return max(4, min(os.cpu_count() or 4, 6 * _gpu_count()))
 
 
 def _abi_text(task: Task) -> str:
