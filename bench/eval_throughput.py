@@ -1,20 +1,33 @@
 """Evaluation throughput: distinct honest softmax candidates end to end through the pool
 (static check, compile + binary check in parallel, a fresh kernel process each: load, verify
-with edge cases and replay checks, time), as the search would submit them, on a region task.
+with edge cases and replay checks, every timed call checked on fresh inputs), as the search
+would submit them, on a region task.
 
-    python bench/eval_throughput.py --backend cpu|cuda [--n 20] [--shape 4096,256] [--warm-compile]
+    python bench/eval_throughput.py --backend cpu|cuda|triton [--n 20] [--shape 4096,256]
+        [--in-flight K] [--warm-compile] [--json out.json]
     python bench/eval_throughput.py --backend cpu --cluster ray [--nodes 1,2]   # through Ray
 
-Prints candidates per minute, the median seconds per stage and source-to-result latency; the
-last line is a short table. The compile cache is a fresh temp directory, so every compile is
-real; --warm-compile compiles every candidate once first, so the figure is the evaluation
-path alone (what the sandbox runtime costs). Issue 17's bar: >= 300/min, median <= 2 s (H200).
+Prints candidates per minute, source-to-result latency and one line per stage (median, p90 and
+mean seconds; the worker's stages run one candidate at a time per worker, so their means add up
+to what bounds the rate); the last line is a short table the bench step reads. Stages, in order:
+queue (waiting for a compile slot, then for a worker), static, compile, binary_check (the ELF
+and instruction checks on the built library), prepare (the task's input sets, references and
+baselines: once per task and worker), runner (waiting for a started runner), load, verify,
+spares (spare runners finishing their start before the timing loop), time, baselines (eager and
+torch.compile timed next to the candidate); Triton: jit (its compile, inside load).
+The compile cache is a fresh temp directory, so every compile is real; --warm-compile compiles
+every candidate once first, so the figure is the evaluation path alone (what the sandbox
+runtime costs). --in-flight K submits K candidates at a time (a search with K expansions in
+flight); 0, the default, submits all at once.
+Issue 20's bar on one H200: cuda >= 200 candidates/min with a median latency <= 2 s, triton
+>= 120/min.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import itertools
+import json
 import statistics
 import sys
 import tempfile
@@ -27,6 +40,10 @@ import torch  # noqa: E402
 
 from kforge_tui.regions.build import task_of  # noqa: E402
 from kforge_tui.sandbox.pool import EvaluatorPool  # noqa: E402
+
+STAGES = ("queue", "static", "compile", "binary_check", "prepare", "runner", "load", "jit", "verify",
+          "spares", "time", "baselines")
+WORKER_STAGES = ("prepare", "runner", "load", "verify", "spares", "time", "baselines")
 
 CPU_TEMPLATE = """// softmax variant {tag}
 #include "kforge_region.h"
@@ -111,26 +128,80 @@ extern "C" int kforge_launch(const void* const* inputs, void* const* outputs, cu
 """
 
 
+
+TRITON_TEMPLATE = """# softmax variant {tag}
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def softmax_rows(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < n_cols
+    x = tl.load(x_ptr + row * n_cols + offs, m, other=float("-inf")).to(tl.float32)
+    x = x - tl.max(x, 0)
+    e = {exp}
+    tl.store(y_ptr + row * n_cols + offs, e / tl.sum(e, 0), m)
+
+
+def kforge_launch(inputs, outputs):
+    x, y = inputs[0], outputs[0]
+    rows, cols = x.shape
+    softmax_rows[(rows,)](x, y, cols, BLOCK=triton.next_power_of_2(cols), num_warps={warps},
+                          num_stages={stages})
+    return 0
+"""
+
+
 def variants(backend: str, n: int) -> list[str]:
     out = []
     if backend == "cpu":
         for k, (body, sched) in enumerate(itertools.product(CPU_BODIES, CPU_SCHEDS)):
             out.append(CPU_TEMPLATE.format(tag=f"{k} {body} {sched}", sched=sched, body=CPU_BODIES[body]))
+    elif backend == "triton":
+        for k, (warps, stages, exp) in enumerate(itertools.product(
+                (1, 2, 4, 8, 16), (1, 2, 3), ("tl.exp(x)", "tl.exp2(x * 1.4426950408889634)"))):
+            out.append(TRITON_TEMPLATE.format(tag=f"{k} w{warps} s{stages}", warps=warps, stages=stages, exp=exp))
     else:
         for k, (threads, load, exp) in enumerate(itertools.product(
                 (64, 128, 256, 512, 1024), ("xr[j * inner]", "__ldg(xr + j * inner)"), ("expf", "__expf"))):
             out.append(CUDA_TEMPLATE.format(tag=f"{k} t{threads} {exp}", threads=threads, load=load, exp=exp))
+    if n > len(out):  # more than the distinct designs: copies that differ by a comment
+        base = list(out)
+        out += [src.replace(" variant ", f" variant (copy {i // len(base) + 1}) ", 1)
+                for i, src in enumerate(base * (n // len(base) + 1))][: n - len(base)]
     return out[:n]
+
+
+def stage_table(results) -> dict:
+    """Per stage: median, p90 and mean seconds over the candidates (0 where a candidate had no
+    such stage; "queue" is the compile queue and the worker queue together)."""
+    def val(r, k):
+        st = r.stage_s or {}
+        return st.get("compile_queue", 0.0) + st.get("queue", 0.0) if k == "queue" else st.get(k, 0.0)
+
+    out = {}
+    for k in STAGES:
+        xs = sorted(val(r, k) for r in results)
+        if not any(xs):
+            continue
+        out[k] = {"median": statistics.median(xs), "p90": xs[min(len(xs) - 1, int(0.9 * len(xs)))],
+                  "mean": statistics.fmean(xs)}
+    return out
 
 
 async def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--backend", choices=("cpu", "cuda", "triton"),
+                    default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--n", type=int, default=20)
-    ap.add_argument("--shape", default="4096,256" if torch.cuda.is_available() else "256,1024")
+    ap.add_argument("--shape", default=None, help="rows,cols (default 4096,256 on a GPU, 256,1024 on the cpu)")
     ap.add_argument("--compile-jobs", type=int, default=None)
+    ap.add_argument("--in-flight", type=int, default=0, help="candidates submitted at a time (0: all at once)")
     ap.add_argument("--warm-compile", action="store_true",
                     help="compile every candidate first (measure the evaluation path alone)")
+    ap.add_argument("--json", default=None, help="write the figures and per-stage table here")
     ap.add_argument("--cluster", choices=("ray",), default=None,
                     help="evaluate through the Ray executor (kforge_tui/cluster): the cluster of "
                          "RAY_ADDRESS, else a local one of max(--nodes) CPU nodes started here")
@@ -139,7 +210,11 @@ async def main() -> int:
     args = ap.parse_args()
     if args.cluster and args.warm_compile:
         ap.error("--warm-compile measures the local pool's evaluation path; not with --cluster")
-    shape = tuple(int(s) for s in args.shape.split(","))
+    gpu = torch.cuda.is_available()
+    shape = tuple(int(s) for s in (args.shape or ("4096,256" if gpu else "256,1024")).split(","))
+    if args.backend == "triton" and not gpu and args.shape is None:
+        shape = (64, 256)  # Triton's interpreter on the cpu: a smoke-sized region
+    args.shape = ",".join(map(str, shape))
     x = torch.randn(*shape)
     task = task_of(lambda x: torch.softmax(x, -1), (x,), backend=args.backend)
     srcs = variants(args.backend, args.n)
@@ -173,8 +248,8 @@ class _ray_cluster:
 
         if os.environ.get("RAY_ADDRESS"):
             return self
-        if self.backend == "cuda":
-            raise SystemExit("--cluster ray --backend cuda: start the cluster (ray start) and set RAY_ADDRESS")
+        if self.backend != "cpu":
+            raise SystemExit("--cluster ray on a GPU: start the cluster (ray start) and set RAY_ADDRESS")
         from ray.cluster_utils import Cluster
 
         os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
@@ -194,8 +269,9 @@ class _ray_cluster:
 
 
 async def measure(args, task, srcs, pool, tmp, label: str) -> int:
-    """Start `pool` (an EvaluatorPool or a RayEvaluator), time its baseline, then all candidates
-    at once; print the figures and the one-line table row. 0 when every candidate passed."""
+    """Start `pool` (an EvaluatorPool or a RayEvaluator), time its baseline, then the candidates
+    (--in-flight at a time); print the figures, the stage table and the one-line table row.
+    0 when every candidate passed."""
     try:
         t = time.perf_counter()
         await pool.start()
@@ -203,8 +279,9 @@ async def measure(args, task, srcs, pool, tmp, label: str) -> int:
         warm = time.perf_counter() - t
         print(f"[{label}] start + baseline: {warm:.1f} s; eager {b.eager.median_us:.1f} us, floor "
               f"{b.floor_us:.2f} us; {b.sets} input sets; {len(srcs)} candidates, "
-              f"compile_jobs={pool.compile_jobs or 'Ray tasks'}")
-        if args.warm_compile:
+              f"compile_jobs={getattr(pool, 'compile_jobs', None) or 'Ray tasks'}, "
+              f"in flight {args.in_flight or len(srcs)}")
+        if args.warm_compile and args.backend != "triton":
             from kforge_tui.sandbox.compile import compile_candidate
 
             t = time.perf_counter()
@@ -212,12 +289,14 @@ async def measure(args, task, srcs, pool, tmp, label: str) -> int:
                                                      header=task.header(args.backend)) for s in srcs))
             print(f"compiled {len(srcs)} candidates first in {time.perf_counter() - t:.1f} s")
         lat = []
+        gate = asyncio.Semaphore(args.in_flight or len(srcs))
 
         async def one(src):
-            t0 = time.perf_counter()
-            r = await pool.evaluate(task.to_json(), tmp, src)
-            lat.append(time.perf_counter() - t0)
-            return r
+            async with gate:
+                t0 = time.perf_counter()
+                r = await pool.evaluate(task.to_json(), tmp, src)
+                lat.append(time.perf_counter() - t0)
+                return r
 
         t = time.perf_counter()
         results = await asyncio.gather(*(one(s) for s in srcs))
@@ -229,20 +308,36 @@ async def measure(args, task, srcs, pool, tmp, label: str) -> int:
         if not r.ok:
             print(f"  FAILED {r.status}: {r.message}")
     per_min = len(results) / wall * 60
-    stages = ("static", "compile", "queue", "runner", "load", "verify", "time")
-    med = {s: statistics.median([r.stage_s.get(s, 0.0) for r in results]) for s in stages}
+    stages = stage_table(results)
+    worker_s = sum(stages.get(k, {}).get("mean", 0.0) for k in WORKER_STAGES)
     best = max((r.speedup or 0) for r in results)
     print(f"{len(ok)}/{len(results)} ok in {wall:.1f} s: {per_min:.1f} candidates/min; latency median "
-          f"{statistics.median(lat):.2f} s (min {min(lat):.2f}); best speedup {best:.2f}x")
-    print("median s/stage: " + ", ".join(f"{s} {med[s]:.3f}" for s in stages))
+          f"{statistics.median(lat):.2f} s (min {min(lat):.2f}, max {max(lat):.2f}); best speedup {best:.2f}x")
+    print(f"stage         median s    p90 s   mean s   (worker stages' means add up to {worker_s:.3f} s "
+          f"a candidate: at most {60 / max(worker_s, 1e-9):.0f}/min per worker)")
+    for k, v in stages.items():
+        print(f"  {k:<12} {v['median']:8.3f} {v['p90']:8.3f} {v['mean']:8.3f}")
+    med = {k: stages.get(k, {}).get("median", 0.0) for k in STAGES}
+    print("median s/stage: " + ", ".join(f"{k} {med[k]:.3f}" for k in STAGES if k in stages))
     med_us = statistics.median([r.timing.median_us for r in ok]) if ok else float("nan")
-    print(f"timed median of medians {med_us:.1f} us; checks per candidate: "
-          f"{ok[0].checks if ok else {}}")
-    workers = sorted({r.worker.split("/")[0] for r in results if r.worker})
+    timed = statistics.median([r.checks.get("timed_checks", 0) for r in ok]) if ok else 0
+    print(f"timed median of medians {med_us:.1f} us; timed calls (all checked) per candidate, median "
+          f"{timed:g}; checks per candidate: {ok[0].checks if ok else {}}")
+    workers = sorted({r.worker.split("/")[0] for r in results if getattr(r, "worker", None)})
+    if args.json:
+        out = Path(args.json)
+        prev = json.loads(out.read_text()) if out.exists() and args.cluster else {}
+        prev[label] = {
+            "backend": args.backend, "shape": [int(v) for v in args.shape.split(",")], "n": len(results), "ok": len(ok),
+            "wall_s": wall, "per_min": per_min, "latency_median_s": statistics.median(lat),
+            "latency_max_s": max(lat), "in_flight": args.in_flight or len(srcs), "stages": stages,
+            "worker_s": worker_s, "timed_calls_median": timed, "best_speedup": best,
+            "nodes_used": len(workers)}
+        out.write_text(json.dumps(prev if args.cluster else prev[label], indent=1))
     print(f"| {label} | backend {args.backend} | shape {args.shape} | n {len(results)} | ok {len(ok)} | "
           f"cand/min {per_min:.1f} | latency med {statistics.median(lat):.2f} s | compile med "
           f"{med['compile']:.2f} s | verify med {med['verify']:.2f} s | time med {med['time']:.2f} s | "
-          f"nodes used {len(workers)} |")
+          f"worker mean {worker_s:.2f} s | nodes used {len(workers)} |")
     return 0 if len(ok) == len(results) else 1
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from kforge_tui import events as ev
 from kforge_tui.errors import UsageError
-from kforge_tui.evaluators import _abi_text, _PoolPerBackend, _Slots, device_of, kernel_backends  # noqa: F401 (re-exported)
+from kforge_tui.evaluators import (  # noqa: F401 (re-exported)
+    _abi_text, _PoolPerBackend, _Slots, default_parallel, device_of, kernel_backends)
 from kforge_tui.run_settings import OptimizeSettings, default_run_dir, settings_for_resume  # noqa: F401
 from kforge_tui.sandbox.result import EvaluatorLost
 from kforge_tui.search.proposers.base import NodeView, Proposal, ProposalContext
@@ -99,7 +100,7 @@ class Engine:
         info = device_info(backend)
         auto_parallel = not s.parallel
         if not s.parallel:
-            s.parallel = 4 if backend == "cuda" else 2
+            s.parallel = default_parallel(backend)
         if s.compile_baseline is None:
             s.compile_baseline = backend == "cuda"
         self._slots = _Slots(max(1, s.parallel))

@@ -81,6 +81,21 @@ def device_of(backend: str) -> str:
     return backend
 
 
+def default_parallel(device: str) -> int:
+    """Candidates in flight when the user gives no --parallel. On a GPU, enough to keep every
+    worker busy while others compile (a compile takes ~1.3 s on the H200 box, a worker's share of
+    a candidate ~0.3 s: five compiling per GPU, one in the worker), and no more: past that a
+    candidate only waits longer for the same worker (latency = in flight / rate); never more
+    than the CPU cores that compile them. On the cpu 2 (the cores time candidates too)."""
+    if device != "cuda":
+        return 2
+    import os
+
+    from kforge_tui.sandbox.pool import _gpu_count
+
+    return max(4, min(os.cpu_count() or 4, 6 * _gpu_count()))
+
+
 def _abi_text(task: Task) -> str:
     """What a proposer is shown of the ABI: the C header, or the Python one for Triton."""
     if task.backend == "triton":
@@ -98,8 +113,12 @@ class _PoolPerBackend:
 
         self.pools = {b: EvaluatorPool(b, cache_dir=_cache_dir()) for b in backends}
         # Each pool has one worker per GPU: with two pools (cuda and triton) two candidates
-        # could share a GPU while timed. One evaluation per GPU across the pools.
-        self._gate = asyncio.Semaphore(_gpu_count()) if len(self.pools) > 1 else None
+        # could share a GPU while timed. One evaluation per GPU across the pools, held only
+        # while a worker runs it (the pools' device gate): compiles stay parallel.
+        if len(self.pools) > 1:
+            gate = asyncio.Semaphore(_gpu_count())
+            for p in self.pools.values():
+                p.device_gate = gate
 
     def _for(self, task_json: dict):
         return self.pools.get(task_json.get("backend")) or next(iter(self.pools.values()))
@@ -109,16 +128,10 @@ class _PoolPerBackend:
             await p.start()
 
     async def baseline(self, task_json: dict, run_dir: str, with_compile: bool = False):
-        if self._gate is None:
-            return await self._for(task_json).baseline(task_json, run_dir, with_compile=with_compile)
-        async with self._gate:
-            return await self._for(task_json).baseline(task_json, run_dir, with_compile=with_compile)
+        return await self._for(task_json).baseline(task_json, run_dir, with_compile=with_compile)
 
     async def evaluate(self, task_json: dict, run_dir: str, source: str, on_stage=None):
-        if self._gate is None:
-            return await self._for(task_json).evaluate(task_json, run_dir, source, on_stage=on_stage)
-        async with self._gate:
-            return await self._for(task_json).evaluate(task_json, run_dir, source, on_stage=on_stage)
+        return await self._for(task_json).evaluate(task_json, run_dir, source, on_stage=on_stage)
 
     async def close(self) -> None:
         for p in self.pools.values():

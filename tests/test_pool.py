@@ -297,3 +297,25 @@ async def test_workers_compile_into_a_private_inductor_cache(tmp_path, monkeypat
         assert r.status == "ok", r.message
         assert pool._workers[0].inductor_dir not in (None, private)
     assert not shared.exists() or not any(shared.rglob("*.so"))
+
+
+async def test_the_device_gate_is_held_by_the_worker_stage_only(tmp_path):
+    """Pools sharing a GPU (cuda and triton) share a gate for their workers; the static check and
+    the compile never wait for it, and a worker's evaluation waits for it and gives it back."""
+    task = softmax_task((16, 64))
+    gate = asyncio.Semaphore(1)
+    async with EvaluatorPool("cpu", cache_dir=tmp_path / "c", timing=TIMING) as pool:
+        pool.device_gate = gate
+        await gate.acquire()  # another pool's candidate holds the GPU
+        bad = await asyncio.wait_for(pool.evaluate(task.to_json(), str(tmp_path), "int x = ;"), 60)
+        assert bad.status == "static_error"
+        undefined = HONEST.replace("expf(", "kf_no_such_function(")
+        broken = await asyncio.wait_for(pool.evaluate(task.to_json(), str(tmp_path), undefined), 120)
+        assert broken.status == "compile_error", broken.message  # compiled while the gate was held
+        waiting = asyncio.create_task(pool.evaluate(task.to_json(), str(tmp_path), HONEST))
+        await asyncio.sleep(5)  # compiled by now; its worker stage waits for the gate
+        assert not waiting.done()
+        gate.release()
+        r = await asyncio.wait_for(waiting, 120)
+        assert r.status == "ok", r.message
+        assert not gate.locked()  # given back with the worker

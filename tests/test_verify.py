@@ -497,7 +497,7 @@ class _LocalChecks(bench.Checks):
     def before(self, i, s, refresh):
         self.v.timed_before(s, refresh)
 
-    def after(self, i, s, report):
+    def after(self, i, s, report, upcoming=None):
         return self.v.timed_after(s, report)
 
 
@@ -729,6 +729,55 @@ def test_a_note_in_the_arena_slack_is_caught():
     v = verify.Verifier(task, sets, slack_note, gm_reference(task), arena=arena)
     mm = v.before_timing()
     assert mm is not None and "harness memory between the tensors changed" in mm.reason
+
+
+@pytest.mark.parametrize("hashed", [False, True])
+def test_the_arena_image_is_kept_up_to_date_and_every_byte_is_compared(monkeypatch, hashed):
+    """The whole-arena check copies only what the harness says it wrote (and hashes only those
+    blocks, in hash mode), yet compares every byte: a write the harness did not make - in the
+    slack, in a guard, in another set's buffers, long after the last full copy - is caught; the
+    call's own outputs and the harness's own touched writes are not changes."""
+    if hashed:
+        monkeypatch.setattr(verify.ArenaWatch, "COPY_LIMIT", 0)
+        monkeypatch.setattr(verify.ArenaWatch, "HASH_BLOCK", 4096 * 3)
+    task = softmax_task((8, 64))
+    sets, arena = _arena_sets(task)
+    w = verify.ArenaWatch(arena, 99)
+    a, b = sets[0], sets[1]
+    w.snapshot(a.outputs)  # the first: a full image
+    a.outputs[0].tensor.fill_(1.0)  # the call's to write
+    assert not w.changed()
+    for k in range(3):  # harness writes, said: not changes
+        b.inputs[0].tensor.normal_()
+        w.touch_set(b)
+        w.snapshot(b.outputs)
+        b.outputs[0].tensor.zero_()
+        assert not w.changed()
+    for where in (a.inputs[0].tensor.view(-1)[:1], a.outputs[0].tensor.view(-1)[:1],
+                  b.inputs[0].head[:1], arena[arena.numel() - 1:]):
+        w.snapshot(b.outputs)
+        where.add_(1)  # not the call's outputs, not told by the harness
+        assert w.changed()
+        w.touch_all()  # (the harness's full re-write: the image follows)
+    w.snapshot(b.outputs)
+    with pytest.raises(RuntimeError):  # one compare per snapshot: a second needs a new one
+        w.changed(), w.changed()
+
+
+def test_fast_paths_of_the_judges_defer_nan_and_inf_to_the_full_judgement():
+    """The one-max fast paths only ever say "close": a NaN or an infinity on either side, or an
+    element past the bound, goes to the full analysis, which keeps its rules."""
+    e = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0])
+    assert judge.compare(e, e.clone(), "float32", "x") is None  # equal NaN and infinities pass
+    assert not judge._all_close(e, e.clone(), 1e-4, 1e-5)
+    g = e.clone()
+    g[2] = 1.0
+    assert judge.compare(e, g, "float32", "x") is not None
+    r = torch.tensor([1.0, 2.0, 1e-40], dtype=torch.float64)
+    chunk = [((0, r), None, (0, r.float()), None)]
+    assert judge._within_ulps(chunk, 128 * 2**-23, judge.TINY["float32"], 8 * 2**-23)
+    off = [((0, r), None, (0, torch.tensor([1.0, 2.001, 0.0])), None)]
+    assert not judge._within_ulps(off, 128 * 2**-23, judge.TINY["float32"], 8 * 2**-23)
 
 
 def test_timed_calls_land_at_new_random_distances_with_new_values():

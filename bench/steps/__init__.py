@@ -30,8 +30,8 @@ from pathlib import Path
 
 from bench.report import ROOT, StepError
 
-STEPS = ("kernels", "regions", "models", "level2", "sweep", "throughput", "cheats", "op-overhead", "clock-check",
-         "tui-latency")
+STEPS = ("kernels", "regions", "models", "level2", "sweep", "throughput", "search-time", "cheats", "op-overhead",
+         "clock-check", "tui-latency")
 
 
 def load(name: str):

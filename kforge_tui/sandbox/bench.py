@@ -53,6 +53,12 @@ DEFAULT_TIMING = {
     "max_iters": 100,
     "budget_s": 0.4,  # target seconds of timed calls per callable (flushes not counted)
     "max_wall_s": 3.0,  # hard cap on the loop's wall time (long calls get >= MIN_SAMPLES)
+    # a candidate's loop: every call is checked, so the harness, not the kernel, is most of a
+    # call's cost; its budget (min of this and budget_s) covers the checks
+    "checked_budget_s": 0.2,
+    # a reference (eager, torch.compile) stops once its median's relative standard error is
+    # below this, read every min_iters calls (candidates always make every planned call)
+    "rel_err": 0.01,
 }
 
 
@@ -74,11 +80,13 @@ def summarise(samples: list[float], method: str, clock: str = "") -> Timing:
 class Checks:
     """The supervisor's side of checked timed calls (in process: a Verifier; in a runner: a
     round trip). before(i, s, refresh) fills outputs (and new inputs when `refresh`);
-    after(i, s, report) returns a Mismatch or None."""
+    after(i, s, report, upcoming) returns a Mismatch or None. `upcoming` is (set, refresh) of
+    the next checked call, or None when there is none: the supervisor prepares it in the same
+    round trip as this verdict (one message each way per timed call, not two)."""
 
     def before(self, i: int, s, refresh: bool) -> None: ...
 
-    def after(self, i: int, s, report: CallReport | None) -> Mismatch | None: ...
+    def after(self, i: int, s, report: CallReport | None, upcoming=None) -> Mismatch | None: ...
 
 
 # Replay probes (cfg "replay_probes", a share of the timed calls; off by default): a few timed calls,
@@ -125,6 +133,17 @@ def n_iters(cfg: dict, per_call_s: float, k: int) -> int:
     return max(MIN_SAMPLES, min(n, n_wall))
 
 
+def median_error(samples: list[float]) -> float:
+    """Relative standard error of the median of `samples`, from their spread: 1.253 sigma /
+    sqrt(n), sigma estimated as IQR / 1.349 (robust to the outliers a shared machine makes)."""
+    n = len(samples)
+    med = statistics.median(samples) if samples else 0.0
+    if n < 4 or med <= 0:
+        return float("inf")
+    iqr = _percentile(samples, 0.75) - _percentile(samples, 0.25)
+    return 0.929 * iqr / (med * n ** 0.5)
+
+
 def time_calls(backend, call: Callable, sets: list, cfg: dict | None = None, *,
                fill: Callable | None = None, checks: Checks | None = None, seed: int | None = None,
                after_call: Callable | None = None, on_plan: Callable | None = None
@@ -137,6 +156,13 @@ def time_calls(backend, call: Callable, sets: list, cfg: dict | None = None, *,
     prepares and verifies every call, warm-up included (`plan`). `after_call(s)` returns a problem text noticed right after a call
     (e.g. the floating-point environment changed) or "". Returns the timing and the first
     mismatch (or None).
+
+    Timing effort: the count follows the call's cost (`n_iters`: the time budget, at least
+    min_iters, at most max_iters, MIN_SAMPLES within max_wall_s). A candidate makes every
+    planned call (all waited for and checked: the count is also what a kernel counting its
+    calls would have to outlast, so it never shrinks with the noise). A reference (eager,
+    torch.compile: nothing to outlast) is read in batches of min_iters and stops once its
+    median is certain to cfg "rel_err" (`median_error`): a quiet region costs few calls.
     """
     cfg = {**DEFAULT_TIMING, **(cfg or {})}
     rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
@@ -144,7 +170,9 @@ def time_calls(backend, call: Callable, sets: list, cfg: dict | None = None, *,
 
     host = [0.0]  # the longest host time of one call seen so far (enqueue only)
 
-    def one(i: int, check: bool, refresh: bool = False, wait: bool = False):
+    def one(i: int, check: bool, refresh: bool = False, wait: bool = False, upcoming=None):
+        """One call; `upcoming(us)` (checked calls) says what the next checked call will be,
+        once this call's time is known, for the supervisor to prepare with its verdict."""
         s = sets[i % k]
         if check and checks is not None:
             backend.sync()  # the supervisor writes s's buffers: nothing of ours may still run
@@ -168,36 +196,57 @@ def time_calls(backend, call: Callable, sets: list, cfg: dict | None = None, *,
         if (check and checks is not None) or wait:
             # elapsed() waits for the end marker on the harness stream only: unfinished work
             # elsewhere shows as surviving poison here.
-            backend.elapsed(tok)
+            us = backend.elapsed(tok)
             if check and checks is not None:
-                return tok, checks.after(i, s, rep)
+                return tok, checks.after(i, s, rep, upcoming(us) if upcoming is not None else None)
         return tok, None
 
     t0 = time.perf_counter()
     warm = cfg["warmup"]
+    checking = checks is not None
     i = 0
+    stop = [False]
     while i < warm:
         tw = time.perf_counter()
-        _, mm = one(i, checks is not None, refresh=checks is not None, wait=True)
+
+        def up(us, i=i, tw=tw):
+            # a long call: one warm-up is enough; the next checked call is then the loop's first
+            stop[0] = i + 1 >= warm or time.perf_counter() - tw > 0.05
+            return (sets[0], True) if stop[0] else (sets[(i + 1) % k], True)
+        _, mm = one(i, checking, refresh=checking, wait=True, upcoming=up)
         if mm:
             return summarise([1.0], "aborted", getattr(backend, "clock", "")), mm
         i += 1
-        if time.perf_counter() - tw > 0.05:  # a long call: one warm-up is enough
+        if stop[0] or (not checking and time.perf_counter() - tw > 0.05):
             break
     per_call = (time.perf_counter() - t0) / max(i, 1)
     if hasattr(backend, "keep_ahead"):  # device clock: from now on the host never shows
         backend.keep_ahead(host[0])
-    n = n_iters(cfg, per_call, k)
-    checked, fresh = plan(n, k, cfg, rng) if checks is not None else (set(), set())
+    n = n_iters({**cfg, "budget_s": min(cfg["budget_s"], cfg["checked_budget_s"])} if checking else cfg,
+                per_call, k)
+    checked, fresh = plan(n, k, cfg, rng) if checking else (set(), set())
     if on_plan is not None:
         on_plan(n, checked, fresh)
+    rel_err = float(cfg.get("rel_err", 0.0) or 0.0)
+
+    def upcoming(us, i):
+        j = i + 1
+        if j >= n or j not in checked:
+            return None
+        return sets[j % k], j in fresh
+
     marks: list = []  # end tokens, read once the loop is done (references do not wait per call)
+    batch = max(cfg["min_iters"], MIN_SAMPLES)
     for i in range(n):
-        tok, mm = one(i, i in checked, refresh=i in fresh)
+        tok, mm = one(i, i in checked, refresh=i in fresh,
+                      upcoming=(lambda us, i=i: upcoming(us, i)) if checking else None)
         marks.append(tok)
         if mm:
             return summarise([backend.elapsed(m) for m in marks], backend.timing_method(k),
                              getattr(backend, "clock", "")), mm
+        if not checking and rel_err > 0 and (i + 1) % batch == 0 and i + 1 < n \
+                and median_error([backend.elapsed(m) for m in marks]) <= rel_err:
+            break  # a reference whose median is already certain
     times = [backend.elapsed(m) for m in marks]
     counted = [t for i, t in enumerate(times) if i in fresh or checks is None]
     probes = [t for i, t in enumerate(times) if checks is not None and i not in fresh]

@@ -100,6 +100,7 @@ class CompileResult:
     # (link_check) is a rejected candidate, not a build error: status "static_error".
     stage: str = "compile"
     link_check_ms: float | None = None  # cost of the binary check on the fresh build
+    check_seconds: float | None = None  # the whole binary check (ELF and instructions), fresh builds
 
     @property
     def status(self) -> str:
@@ -904,13 +905,14 @@ async def _compile_fresh(source, backend, compiler, flags, cache: Path, entry: P
         ok = proc.returncode == 0 and (work / _LIB).is_file()
         error_line = None if ok else parse_error_line(log, src_name)
         resources = parse_ptxas(log) if (ok and backend == "cuda") else {}
-        stage, check_ms = "compile", None
+        stage, check_ms, check_s = "compile", None, None
         if ok:
             tc = time.perf_counter()
             device_vars = _device_variables(source) if backend == "cuda" else set()
             problems = link_check(work / _LIB, backend, device_vars)
             check_ms = (time.perf_counter() - tc) * 1e3  # the ELF check's own cost
             problems += await asyncio.to_thread(instructions.check, work / _LIB, backend, work / _KEEP)
+            check_s = time.perf_counter() - tc
             if problems:
                 ok, stage = False, "link-check"
                 (work / _LIB).unlink()  # nothing loadable is left of a refused candidate
@@ -930,7 +932,7 @@ async def _compile_fresh(source, backend, compiler, flags, cache: Path, entry: P
             resources = {}
         meta = {"ok": ok, "resources": resources, "error_line": error_line, "command": command,
                 "message": message, "compile_seconds": seconds, "returncode": proc.returncode,
-                "stage": stage, "link_check_ms": check_ms}
+                "stage": stage, "link_check_ms": check_ms, "check_seconds": check_s}
         shutil.rmtree(work / _KEEP, ignore_errors=True)
         (work / "log.txt").write_text(log)
         (work / "result.json").write_text(json.dumps(meta))
@@ -940,7 +942,7 @@ async def _compile_fresh(source, backend, compiler, flags, cache: Path, entry: P
                              log=log, resources=resources, seconds=time.perf_counter() - t0,
                              cached=False, error_line=error_line, command=command,
                              message=message, compile_seconds=seconds, stage=stage,
-                             link_check_ms=check_ms)
+                             link_check_ms=check_ms, check_seconds=check_s)
     finally:
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)

@@ -273,6 +273,10 @@ class EvaluatorPool:
         self._compile_sem: asyncio.Semaphore | None = None
         self._started = False
         self._start_lock = asyncio.Lock()
+        # Set by a caller running several pools on the same GPUs (cuda and triton): one
+        # evaluation per GPU across them, held only while a worker runs it - static checks and
+        # compiles stay parallel.
+        self.device_gate: asyncio.Semaphore | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -321,19 +325,39 @@ class EvaluatorPool:
             await w.kill()  # left dead; the next request on it respawns
 
     # ------------------------------------------------------------------ worker access
+    async def _take_worker(self) -> "_Worker":
+        """An idle worker, and the device gate (when set) for as long as it is held."""
+        assert self._idle is not None
+        if self.device_gate is not None:
+            await self.device_gate.acquire()
+        try:
+            return await self._idle.get()
+        except BaseException:
+            if self.device_gate is not None:
+                self.device_gate.release()
+            raise
+
+    def _give_back(self, w: "_Worker") -> None:
+        assert self._idle is not None
+        self._idle.put_nowait(w)
+        if self.device_gate is not None:
+            self.device_gate.release()
+
     async def _run_on_worker(self, tj: dict, run_dir: str, payload: dict, timeout: float,
                              on_event=None, capture_id: str | None = None) -> tuple[dict | None, str, _Worker | None, float]:
         """(reply, failure, worker, queued_s): failure is "", "timeout:<text>" or "crash:<text>"."""
         await self.start()
         assert self._idle is not None
         t0 = time.perf_counter()
-        w = await self._idle.get()
+        w = await self._take_worker()
         queued = time.perf_counter() - t0
         try:
             if w.proc is None or w.proc.returncode is not None:
                 await self._restart(w)
             tid = Task.from_json(tj).task_id
+            prep_s = 0.0
             if tid not in w.prepared:
+                tp = time.perf_counter()
                 try:
                     rep = await w.request({"cmd": "prepare", "task": tj, "run_dir": run_dir,
                                            "cache_dir": str(self.cache_dir), "timing": self.timing,
@@ -349,6 +373,7 @@ class EvaluatorPool:
                     kind = "infra_error" if rep.get("infra") else "crash"
                     return None, f"{kind}:worker could not prepare the task: {rep.get('error')}", w, queued
                 w.prepared.add(tid)
+                prep_s = time.perf_counter() - tp
             since = w.lines_seen
             try:
                 rep = await w.request({**payload, "task": tj, "run_dir": run_dir,
@@ -367,6 +392,7 @@ class EvaluatorPool:
                 await self._restart(w)
                 return None, f"crash:{e}\n{e.tail}", w, queued
             rep["_stderr"] = w.tail_text(since)
+            rep["_prepare_s"] = prep_s  # the task's sets, references and baselines, once per worker
             if rep.get("result", {}).get("fatal"):
                 self.stats["crashes"] += 1
                 await self._restart(w)
@@ -376,7 +402,7 @@ class EvaluatorPool:
                 w.evaluations += 1
                 if w.evaluations >= self.restart_every and w.proc is not None:
                     await self._restart(w)
-            self._idle.put_nowait(w)
+            self._give_back(w)
 
     # ------------------------------------------------------------------ Evaluator API
     async def baseline(self, task_json: dict, run_dir: str, with_compile: bool = False) -> Baseline:
@@ -390,7 +416,7 @@ class EvaluatorPool:
         tj = self._task_json(task_json)
         await self.start()
         assert self._idle is not None
-        w = await self._idle.get()
+        w = await self._take_worker()
         try:
             if w.proc is None or w.proc.returncode is not None:
                 await self._restart(w)
@@ -409,7 +435,7 @@ class EvaluatorPool:
                 raise WorkFailed(f"baseline of {Task.from_json(tj).task_id} failed{what}: {rep.get('error')}")
             w.prepared.add(Task.from_json(tj).task_id)
         finally:
-            self._idle.put_nowait(w)
+            self._give_back(w)
         b = rep["baseline"]
         return Baseline(eager=Timing(**b["eager"]),
                         compiled=Timing(**b["compiled"]) if b.get("compiled") else None,
@@ -486,6 +512,8 @@ class EvaluatorPool:
                               log=rep.get("_stderr", ""), **base)
         r = rep["result"]
         stage_s.update(r.get("stage_s") or {})
+        if rep.get("_prepare_s"):
+            stage_s["prepare"] = rep["_prepare_s"]
         if r.get("jit_s") is not None and base.get("compile_s") is None:
             base["compile_s"] = r["jit_s"]  # Triton: its JIT, done in the load stage
         if r.get("status") == "infra_error":
@@ -587,6 +615,9 @@ async def build_candidate(backend: str, task_json: dict, source: str, *, target,
         t = time.perf_counter()
         cr = await compile_candidate(source, backend, arch, cache_dir, compile_timeout_s, header=header)
     stage_s["compile"] = time.perf_counter() - t
+    if cr.check_seconds is not None:  # the binary check (ELF, instructions): a stage of its own
+        stage_s["binary_check"] = cr.check_seconds
+        stage_s["compile"] = max(0.0, stage_s["compile"] - cr.check_seconds)
     base = dict(resources=dict(cr.resources or {}), compile_s=cr.seconds, cached=bool(cr.cached),
                 stage_s=stage_s)
     if not cr.ok:

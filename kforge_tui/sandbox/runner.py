@@ -395,20 +395,33 @@ def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> No
 
     class Remote(bench.Checks):
         """The runner's side of every timed call's checkpoints: the supervisor places the
-        call's tensors anew and writes them (before), then judges the call (after)."""
+        call's tensors anew and writes them (before), then judges the call (after) and, in the
+        same reply, prepares the next one: one message each way per timed call."""
+
+        ready: tuple | None = None  # (set index, slots) the supervisor prepared with its last verdict
 
         def before(self, i, s, refresh):
-            send(sock, {"ev": "before", "i": i, "set": index[id(s)], "refresh": bool(refresh)})
-            go = rx()
-            if go.get("slots"):
-                ins, outs = go["slots"]
+            j = index[id(s)]
+            if self.ready is not None and self.ready[0] == j:
+                slots, self.ready = self.ready[1], None
+            else:  # not what the last reply prepared: ask
+                self.ready = None
+                send(sock, {"ev": "before", "i": i, "set": j, "refresh": bool(refresh)})
+                slots = rx().get("slots")
+            if slots:
+                ins, outs = slots
                 verify.relocate(s, mem, [verify.Slot.from_json(x) if x is not None else None for x in ins],
                                 [verify.Slot.from_json(x) for x in outs])
 
-        def after(self, i, s, report):
-            send(sock, {"ev": "after", "i": i, "set": index[id(s)], "rc": report.rc if report else 0,
-                        "problem": ""})
-            mm = rx().get("mismatch")
+        def after(self, i, s, report, upcoming=None):
+            msg = {"ev": "after", "i": i, "set": index[id(s)], "rc": report.rc if report else 0, "problem": ""}
+            if upcoming is not None:
+                msg["next"] = {"set": index[id(upcoming[0])], "refresh": bool(upcoming[1])}
+            send(sock, msg)
+            rep = rx()
+            nxt = rep.get("next")
+            self.ready = (int(nxt["set"]), nxt.get("slots")) if isinstance(nxt, dict) else None
+            mm = rep.get("mismatch")
             return verify.Mismatch(**mm) if mm else None
 
     def home() -> None:

@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
 
+from kforge_tui.sandbox import references
 from kforge_tui.sandbox.backends import device_kind, make_backend
 from kforge_tui.sandbox.timing import RemoteTiming
 from kforge_tui.sandbox.channel import RunnerGone, recv, send
@@ -54,6 +55,9 @@ class PreparedTask:
     ref64: object = None
     compiled_fn: object = None
     retries: list = field(default_factory=list)
+    image: object = None  # the buffer the whole-arena check keeps its image in (verify.ArenaWatch)
+    bank: object = None  # fresh values and references for timed calls (verify.FreshBank)
+    slices64: int = 1  # the float64 and one-ulp runs in dim-0 slices (references.in_slices)
 
     def reference(self, inputs: list) -> list:
         import torch
@@ -67,6 +71,9 @@ class PreparedTask:
             s.expected = []
             s.saved = []
         self.sets = []
+        self.image = None
+        if self.bank is not None:
+            self.bank.clear()
         if self.arena is not None:
             self.arena.close()
             self.arena = None
@@ -118,6 +125,13 @@ def estimate_workspace(task, f64: bool = False) -> int:
         return 4 * b * (8 if f64 else 1)
 
 
+def _entry_bytes(task) -> int:
+    """One call's input and output values, contiguous (a bank entry)."""
+    from kforge_tui.regions.meta import DTYPE_BYTES
+
+    return sum(m.numel * DTYPE_BYTES[m.dtype] for m in list(task.inputs) + list(task.outputs) if m.present)
+
+
 @dataclass
 class Plan:
     k: int
@@ -125,6 +139,8 @@ class Plan:
     edge: bool
     edge64: bool
     note: str
+    bank: int = 0  # fresh timed-call entries kept for the task (inputs.FreshBank)
+    slices64: int = 1  # the float64 run in this many dim-0 slices (references.reference64)
 
 
 class Budget:
@@ -156,6 +172,12 @@ class Worker(RemoteTiming):
 
         self.torch = torch
         self.lang = backend_name  # the candidates' language: cpu | cuda | triton
+        # the harness's temporaries (a MiB-sized compare, a fresh draw) come from the heap again
+        # instead of a new mapping each (glibc maps blocks over 128 KiB afresh, and every first
+        # touch of their pages faulted: a third of a small region's check time on the cpu)
+        from kforge_tui.sandbox.runner import _keep_freed_memory
+
+        _keep_freed_memory("cpu", device_index)
         self.backend = make_backend(device_kind(backend_name), device_index)  # device, clock, memory
         self.backend.setup()
         self.zygote = zygote
@@ -190,10 +212,13 @@ class Worker(RemoteTiming):
             self.spares.append(self.zygote.spawn(self._spawn_args()))
 
     def _take_runner(self, deadline: float) -> RunnerHandle:
+        """A started runner; its replacement is forked at once, so it starts up while this
+        candidate loads and verifies (`_settle_spares` waits for it before the timing loop)."""
         self._top_up()
         for _ in range(3):
             r = self.spares.popleft()
             if r.wait_ready(max(1.0, min(120.0, deadline - time.perf_counter()))):
+                self._top_up_safely()
                 return r
             err = r.error
             r.kill()
@@ -201,6 +226,13 @@ class Worker(RemoteTiming):
                 raise InfraError(f"runner could not start: {err}")
             self._top_up()
         raise InfraError(f"runner could not start: {err}")
+
+    def _settle_spares(self, deadline: float) -> None:
+        """Before a timing loop: every spare runner done starting (its CUDA context, OpenMP
+        pool, imports), so none starts up beside a timed call. A spare that fails is replaced
+        when it is taken."""
+        for r in list(self.spares):
+            r.wait_ready(max(0.1, min(30.0, deadline - time.perf_counter())))
 
     # ------------------------------------------------------------------ per task
     def prepare(self, req: dict, emit) -> dict:
@@ -250,10 +282,12 @@ class Worker(RemoteTiming):
         the region is too big for it - a private device copy of the inputs (else a host copy and
         a keyed device hash). Beside the sets: the reference's workspace (every value its graph
         makes, an upper bound from a run on meta tensors), what re-writing a set's values keeps
-        alive for a moment, the float64 run of the edge cases, the copy of the arena the
-        whole-arena check compares with (verify.ArenaWatch), and
-        its CUDA context, and a margin. The richest configuration that still leaves enough sets
-        to rotate wins; with no room for even that, the leanest one with a single set."""
+        alive for a moment, the float64 run of the edge cases (in dim-0 slices, `slices64`,
+        when it does not fit whole: `references.reference64`) with the one-ulp sensitivity run
+        beside its result, the copy of the arena the whole-arena check compares with
+        (verify.ArenaWatch), and its CUDA context, and a margin. The richest configuration that
+        still leaves enough sets to rotate wins; with no room for even that, the leanest one
+        with a single set."""
         from kforge_tui.regions.meta import DTYPE_BYTES
         from kforge_tui.sandbox import verify
 
@@ -261,14 +295,18 @@ class Worker(RemoteTiming):
         in_b = sum(x.total for x in ins if x is not None)
         out_b = sum(m.nbytes for m in task.outputs)
         gaps = sum(x.span for x, m in zip(outs, task.outputs) if x.span > m.nbytes)
-        pools = min(per_arena * max(4, n_calls + 3), verify.ArenaWatch.COPY_LIMIT)  # the arena's copy
         ws = estimate_workspace(task)
-        ws64 = estimate_workspace(task, f64=True) + sum(m.numel * 8 for m in task.outputs)
+        ws64_run = estimate_workspace(task, f64=True)  # the float64 run's copies and values
+        out64 = sum(m.numel * 8 for m in task.outputs)  # its result, kept whole for the judge
+        batch = references.batch_of(task)
+
+        def ws64(n: int) -> int:  # n slices: a slice's run beside the whole result; then the
+            return max(out64 + ws64_run // n, out64 + out_b + (in_b + ws) // n)  # one-ulp run beside it
         cmp_ws = min(max((m.numel for m in task.outputs), default=0), verify.CHUNK) * 8 * 6
         free = self.backend.free_bytes()
         if budget.free is not None:
             free = min(free, int(budget.free))
-        avail = free - self.backend.reserve_bytes(self.n_spares) - pools - cmp_ws
+        avail = free - self.backend.reserve_bytes(self.n_spares) - cmp_ws
         desired = max(4, n_calls + 3)
         big = per_arena > 4 * self.backend.cache_bytes  # rotation matters little past the cache
         need = 2 if big else 4
@@ -278,30 +316,61 @@ class Worker(RemoteTiming):
         if host_ok:
             options += [(True, True, True), (True, True, False)]
         options += [(False, False, False)] + ([(True, False, False)] if host_ok else [])
+        def fit(per_set: int, work: int) -> int:
+            """Sets that fit beside `work`: with an image of the arena for the whole-arena check
+            when the arena is small enough for one (verify.ArenaWatch), else its block hashes."""
+            if not per_set:
+                return desired
+            k = (avail - work) // per_set
+            if k * per_arena <= verify.ArenaWatch.COPY_LIMIT:
+                k = (avail - work) // (per_set + per_arena)
+            return int(min(k, desired))
+
+        slicings = [1] + ([n for n in (2, 4, 8, 16, 32, 64) if n <= batch] if batch else [])
         best = None
         for host, edge, e64 in options:
             per_set = per_arena + out_b + gaps + (0 if host else in_b)
-            work = ws + (0 if host else out_b + in_b)  # re-writing a set: new copy, old reference
+            base = ws + (0 if host else out_b + in_b)  # re-writing a set: new copy, old reference
             if edge and not host:
-                work += out_b + in_b  # an edge case keeps the originals (host mode restores them)
-            if e64:
-                work += ws64
-            k = int((avail - work) // per_set) if per_set else desired
-            k = min(k, desired)
-            if best is None or (k >= 1 and best[0] < 1):  # the first that fits at all
-                best = (k, host, edge, e64, per_set, work)
-            if k >= min(desired, need):
-                best = (k, host, edge, e64, per_set, work)
+                base += out_b + in_b  # an edge case keeps the originals (host mode restores them)
+            for n in (slicings if e64 else [1]):
+                work = base + (ws64(n) if e64 else 0)
+                k = fit(per_set, work)
+                if best is None or (k >= 1 and best[0] < 1):  # the first that fits at all
+                    best = (k, host, edge, e64, per_set, work, n)
+                if k >= min(desired, need):
+                    best = (k, host, edge, e64, per_set, work, n)
+                    break
+            if best[0] >= min(desired, need):
                 break
-        k, host, edge, e64, per_set, work = best
+        if best[0] < 1:  # nothing fits even one set: the leanest configuration, with one
+            host, edge, e64 = options[-1]
+            per_set = per_arena + out_b + gaps + (0 if host else in_b)
+            best = (1, host, edge, e64, per_set, ws + (0 if host else out_b + in_b), 1)
+        k, host, edge, e64, per_set, work, slices = best
         k = max(1, k)
+        image = k * per_arena if k * per_arena <= verify.ArenaWatch.COPY_LIMIT else 0
+        bank = 0 if host else self._bank_capacity(task, avail - work - k * per_set - image)
         gib = 2 ** 30
         note = (f"{k} input set{'s' if k > 1 else ''} of {per_set / gib:.3g} GiB each in "
                 f"{free / gib:.3g} GiB free (reference workspace {ws / gib:.3g} GiB); input copies "
                 f"{'in host memory, device hashes' if host else 'on the device'}; edge cases "
-                + ("judged against float64" if e64 else "judged at the task dtype (no room for a float64 run)"
+                + (("judged against float64" + (f" (run in {slices} slices of dim 0)" if slices > 1 else ""))
+                   if e64 else "judged at the task dtype (no room for a float64 run)"
                    if edge else "skipped (no room)"))
-        return Plan(k, host, edge, e64, note)
+        return Plan(k, host, edge, e64, note, bank, slices if e64 else 1)
+
+    BANK_ENTRIES = 128  # a timing loop's warm-up and max_iters, with room
+    BANK_SHARE = 0.25  # of the memory left after the sets
+    BANK_MAX_BYTES = {"cpu": 512 << 20, "cuda": 4 << 30}
+
+    def _bank_capacity(self, task, left: int) -> int:
+        """Entries of the task's fresh-value bank that fit: a share of what the sets leave, at
+        most BANK_MAX_BYTES; none when fewer than 8 fit (a big region draws its few timed calls'
+        values on the spot)."""
+        room = min(max(0, left) * self.BANK_SHARE, self.BANK_MAX_BYTES.get(self.backend.name, 512 << 20))
+        n = int(min(self.BANK_ENTRIES, room // max(_entry_bytes(task), 1)))
+        return n if n >= 8 else 0
 
     def _state(self, task, req: dict, *, max_sets: int | None = None) -> PreparedTask:
         tid = task.task_id
@@ -331,6 +400,8 @@ class Worker(RemoteTiming):
             k = min(k, max_sets)
         gm = to_graph_module(task.graph, self.backend.device)
         stats = verify._captured_stats(task, calls)
+        if not calls and req.get("run_dir"):  # every real call over the capture cap: its statistics
+            stats = verify.summarised_stats(task, req["run_dir"], cap_id) or stats
         retries = []
         while True:
             budget.used = 0
@@ -351,7 +422,7 @@ class Worker(RemoteTiming):
                     sets, note, _ = verify.build_sets(
                         task, calls, 3, self.backend.device, int.from_bytes(os.urandom(4), "little"),
                         ref, min_sets=4, max_sets=k, alloc=alloc, account=budget.account,
-                        host_saved=plan.host_saved)
+                        host_saved=plan.host_saved, stats=stats)
                     self.backend.sync_all()
                     eager, _ = bench.time_calls(self.backend, lambda s: gm(*s.tensors()), sets,
                                                 {**bench.DEFAULT_TIMING, **(req.get("timing") or {}),
@@ -378,9 +449,21 @@ class Worker(RemoteTiming):
         floor, floor_note, extra = self._floor(task, req)
         baseline = {"eager": asdict(eager), "compiled": None, "floor_us": floor, "floor_note": floor_note,
                     **extra, "sets": len(sets), "note": f"{note}; {plan_note}"}
-        ref64 = verify.reference64(task, self.backend.device) if plan.edge64 else None
+        ref64, slices = None, 1
+        if plan.edge64 and plan.slices64 > 1 and not references.sliceable(task, ref, sets[0].tensors(),
+                                                                          sets[0].expected, plan.slices64):
+            plan_note = plan_note.replace(f"judged against float64 (run in {plan.slices64} slices of dim 0)",
+                                          "judged at the task dtype (its float64 run does not fit whole, and "
+                                          "the region does not compute its rows one by one)")
+            baseline["note"] = f"{note}; {plan_note}"
+        elif plan.edge64:
+            ref64, slices = verify.reference64(task, self.backend.device, plan.slices64), plan.slices64
+        bank = plan.bank if max_sets is None and not retries else 0
+        if budget.limit is not None:  # a simulated limit holds for the bank too
+            bank = min(bank, max(0, budget.limit - budget.used) // max(_entry_bytes(task), 1))
         st = PreparedTask(task, gm, sets, arena_box[-1], slots, stats, note, baseline, floor, floor_note,
-                          len(sets), plan_note, edge=plan.edge, ref64=ref64, retries=retries)
+                          len(sets), plan_note, edge=plan.edge, ref64=ref64, retries=retries,
+                          bank=verify.FreshBank(bank if bank >= 8 else 0), slices64=slices)
         self.tasks[tid] = st
         while len(self.tasks) > self.MAX_TASKS:
             self.tasks.popitem(last=False)[1].close()
@@ -460,7 +543,8 @@ class Worker(RemoteTiming):
             runner = self._take_runner(deadline)
         except InfraError:
             raise
-        stage_s["runner"] = time.perf_counter() - t
+        stage_s["runner"] = time.perf_counter() - t  # waiting for a started runner (0 when one was ready)
+        t = time.perf_counter()
         sets_idx = {id(s): i for i, s in enumerate(st.sets)}
         info, fds = st.arena.handle()
         cand_dir = None
@@ -509,12 +593,15 @@ class Worker(RemoteTiming):
 
         v = verify.Verifier(st.task, st.sets, call, st.reference, device=self.backend.device,
                             sync=self.backend.sync_all, stats=st.stats, reference64=st.ref64, edge=st.edge,
-                            log=log_lines, arena=st.arena.tensor)
+                            log=log_lines, arena=st.arena.tensor, image=st.image, bank=st.bank,
+                            slices=st.slices64)
         v.census = census
         try:
             with _HarnessThreads(torch, st.task):
                 return self._drive(st, req, emit, runner, job, fds, v, res, stage_s, rx, remaining, t)
         finally:
+            if v.watch is not None and st.arena is not None:
+                st.image = v.watch.image  # allocated at its first snapshot; the next candidate's
             res["checks"] = {**v.checks, "runner": "fresh process per candidate", "runner_pid": runner.pid,
                              "edge_float64": st.ref64 is not None}
             if log_lines:
@@ -598,6 +685,9 @@ class Worker(RemoteTiming):
                 if mm is not None:
                     res["mismatch"] = asdict(mm)
                     return self._fail(res, "verify_error", "verify", mm.summary())
+                t = time.perf_counter()
+                self._settle_spares(time.perf_counter() + remaining())
+                stage_s["spares"] = time.perf_counter() - t  # (what of their start-up was not hidden)
                 emit("time")
                 res["stage"] = "time"
                 t = time.perf_counter()
@@ -657,7 +747,9 @@ class Worker(RemoteTiming):
             return self._fail(res, "impossible_timing", "time",
                               f"median {timing['median_us']:.3g} us is below the roofline floor "
                               f"{st.floor:.3g} us ({st.floor_note}); not a win")
+        t = time.perf_counter()
         fresh = self._adjacent_baselines(st, req)
+        res["stage_s"]["baselines"] = time.perf_counter() - t
         res["baseline"] = fresh.get("eager") or st.baseline["eager"]
         res["compiled"] = fresh.get("compiled")
         eager = res["baseline"]["median_us"]

@@ -120,7 +120,14 @@ class RemoteTiming:
                     problem = m.get("problem") or v.census.after_call()
                     mm = v.timed_after(st.sets[int(m["set"])],
                                        verify.CallReport(int(m.get("rc", 0)), problem))
-                    send(runner.sock, {"mismatch": asdict(mm) if mm is not None else None})
+                    rep = {"mismatch": asdict(mm) if mm is not None else None}
+                    nxt = m.get("next")
+                    if mm is None and isinstance(nxt, dict):
+                        # the next timed call prepared with this verdict: one round trip per call
+                        j = int(nxt["set"])
+                        rep["next"] = {"set": j, "slots": v.timed_before(st.sets[j], bool(nxt.get("refresh")),
+                                                                         set_index=j)}
+                    send(runner.sock, rep)
                 elif ev == "timed" or ev == "called":
                     v.home()
                     if m.get("candidate_error"):

@@ -48,6 +48,7 @@ from kforge_tui.regions.meta import FLOAT_DTYPES, TensorMeta
 # keep importing it from here.
 from kforge_tui.sandbox.inputs import *  # noqa: F401,F403
 from kforge_tui.sandbox.inputs import (EDGE_TEXT, ArenaWatch, InputSet, _captured_inputs,  # noqa: F401
+                                       _equal_words,
                                        _captured_stats, checksum, draw, draw_into, edge_into,
                                        edge_kinds, fill_bytes, fill_random, generator, place,
                                        poison_scale, relocate, scrub)
@@ -83,7 +84,8 @@ class Verifier:
 
     def __init__(self, task, sets: list[InputSet], call, reference, *, device="cpu", sync=None,
                  stats: list | None = None, reference64=None, seed: int | None = None,
-                 edge: bool = True, log: list | None = None, arena=None):
+                 edge: bool = True, log: list | None = None, arena=None, image=None, bank=None,
+                 slices: int = 1):
         self.task = task
         self.sets = sets
         self.call = call
@@ -104,15 +106,25 @@ class Verifier:
         # the whole arena the sets live in (None in process: tests without one): checked after
         # every call outside the outputs, and where timed calls' tensors are placed anew
         self.arena = arena
-        self.watch = ArenaWatch(arena, self.rng.getrandbits(62)) if arena is not None else None
+        self.watch = ArenaWatch(arena, self.rng.getrandbits(62), image) if arena is not None else None
         self._home = {id(x): ([g.slot if g is not None else None for g in x.inputs],
                               [g.slot for g in x.outputs]) for x in sets}
         self.moved = False
         self._last_timed = None
         self.sum_seed = self.rng.getrandbits(62)  # this candidate's key for input hashes
         self._sums: dict[int, list] = {}
+        self.bank = bank  # inputs.FreshBank of the task, or None
+        self.slices = slices  # the one-ulp run in dim-0 slices (a region references.sliceable says may)
+        self._bank_order = list(range(len(bank.entries))) if bank is not None else []
+        self.rng.shuffle(self._bank_order)
+
+    def _touched(self, s: InputSet) -> None:
+        """The harness wrote into s's buffers (the arena image takes them before the next call)."""
+        if self.watch is not None:
+            self.watch.touch_set(s)
 
     def _restore(self, s: InputSet) -> None:
+        self._touched(s)
         if s.restore_inputs():
             s.expected = []
             s.expected = fresh_outputs(self.task, self.reference(s.tensors()), s.tensors())
@@ -148,6 +160,7 @@ class Verifier:
         self._poison_seed[id(s)] = ("stale", fills) if fills is not None else seed
         g = generator(self.device, seed)
         scale = poison_scale(seed)
+        self._touched(s)
         snaps = []
         for o in s.outputs:
             fill_bytes(o.head, self.gen)
@@ -196,13 +209,18 @@ class Verifier:
               values: bool = True) -> Mismatch | None:
         """After a call on `s`: runner problems, guards, gaps, inputs (bitwise), then values.
         With `values=False` (edge cases judged against float64 instead) a value mismatch counts
-        only where the poison survived: the output was not written."""
+        only where the poison survived: the output was not written.
+
+        With an arena, one compare of every byte outside the call's output data (ArenaWatch)
+        covers the guards and the inputs; only when it finds a change are they looked at one by
+        one, to say which was written."""
         total = sum(e.numel() for e in s.expected) or 1
         if report is not None and report.problem:
             return special_mismatch(label, total, report.problem)
+        arena_changed = self.watch.changed() if self.watch is not None and self.watch.armed else None
         for j, (o, snap) in enumerate(zip(s.outputs, self._guard_snap.get(id(s), []))):
             head, tail, data = snap
-            if not (torch.equal(o.head, head) and torch.equal(o.tail, tail)):
+            if arena_changed is not False and not (torch.equal(o.head, head) and torch.equal(o.tail, tail)):
                 return special_mismatch(label, total, f"wrote outside the output buffer (guard zone of "
                                                       f"output {j} changed)")
             if data is not None:
@@ -210,16 +228,16 @@ class Verifier:
                 if not torch.equal(torch.where(cov, 0, o.data), torch.where(cov, 0, data)):
                     return special_mismatch(label, total, f"wrote outside the output (into the gaps "
                                                           f"of strided output {j})")
-        for i, (g, saved) in enumerate(zip(s.inputs, s.saved)):
+        for i, (g, saved) in enumerate(zip(s.inputs, s.saved) if arena_changed is not False else ()):
             if g is None or saved is None:
                 continue
             if s.host_saved:
                 changed = checksum(g.base, self.sum_seed) != self._sums.get(id(s), [None] * (i + 1))[i]
             else:
-                changed = not torch.equal(g.base, saved)
+                changed = not _equal_words(g.base, saved)
             if changed:
                 return special_mismatch(label, total, f"inputs modified (input {i} changed by the kernel)")
-        if self.watch is not None and self.watch.changed():
+        if arena_changed:
             return special_mismatch(label, total, "wrote outside the outputs: harness memory between "
                                                   "the tensors changed (state kept where no tensor is)")
         pois = None
@@ -248,18 +266,21 @@ class Verifier:
         return self.check(s, label, rep, values=values)
 
     # -- values written into a set's buffers
-    def write_values(self, s: InputSet, values=None) -> None:
+    def write_values(self, s: InputSet, values=None, expected: list | None = None) -> None:
         """New input values into s's own buffers (a list of tensors, or a function writing them
-        in place), then a new private copy and a new reference."""
+        in place), then a new private copy and a new reference (`expected`: the reference
+        already computed for exactly these values)."""
         if callable(values):
             values(s.tensors())
         elif values is not None:
             for g, v in zip(s.inputs, values):
                 if g is not None and v is not None:
                     g.tensor.copy_(v)
+        self._touched(s)
         s.expected = []  # release the old reference first: a big region has room for one
         s.save_inputs()
-        s.expected = fresh_outputs(self.task, self.reference(s.tensors()), s.tensors())
+        s.expected = expected if expected is not None else \
+            fresh_outputs(self.task, self.reference(s.tensors()), s.tensors())
         self._rehash(s)
         self.sync()
 
@@ -273,19 +294,31 @@ class Verifier:
     def _perturbed_reference(self, s: InputSet) -> list | None:
         """PyTorch's outputs on s's inputs with every float element moved by about one ulp (a
         random sign each): how far honest rounding can move this region's result
-        (`judge_f64`). None when it does not fit in memory."""
-        try:
+        (`judge_f64`). None when it does not fit in memory. The inputs are copied once and
+        moved in pieces (no sign tensor or wide temporary of a region's size)."""
+        from kforge_tui.sandbox.inputs import _flat_views
+        from kforge_tui.sandbox.references import in_slices
+
+        def perturbed(inputs: list) -> list:
             ins = []
-            for t, m in zip(s.tensors(), self.task.inputs):
+            for t, m in zip(inputs, self.task.inputs):
                 if t is None or m.dtype not in FLOAT_DTYPES:
                     ins.append(t)
                     continue
                 eps = 2.0 ** -MANTISSA[m.dtype]
-                sign = torch.randint(0, 2, tuple(t.shape), generator=self.gen,
-                                     device=t.device).to(torch.float32) * 2 - 1
                 work = torch.float64 if m.dtype == "float64" else torch.float32
-                ins.append((t.to(work) * (1 + eps * sign)).to(t.dtype))
-            return [o.detach() for o in self.reference(ins)]
+                c = t.clone()
+                for _, piece in _flat_views(c):
+                    f = torch.empty(piece.shape, dtype=work, device=piece.device).bernoulli_(0.5, generator=self.gen)
+                    f.mul_(2 * eps).add_(1 - eps)  # 1 +- eps
+                    piece.copy_(piece.to(work) * f)
+                ins.append(c)
+            return ins
+
+        try:
+            outs = in_slices(self.task, lambda ins: [o.detach() for o in self.reference(ins)], s.tensors(),
+                             self.slices, prep=perturbed)
+            return check_outputs(self.task, outs)
         except Exception as e:
             if is_oom(e):
                 self.log.append("edge case: one-ulp sensitivity skipped (out of memory)")
@@ -398,6 +431,7 @@ class Verifier:
                     self._restore(s)
                 else:
                     s.expected = []
+                    self._touched(s)
                     for g, c in zip(s.inputs, orig_saved):
                         if g is not None and c is not None:
                             g.base.copy_(c)
@@ -493,11 +527,29 @@ class Verifier:
             self.write_values(s, same)
             self.checks["replay_probes"] = self.checks.get("replay_probes", 0) + 1
         elif refresh or slots is not None:
-            self.write_values(s, self.fresh_values())
+            self._fresh_timed(s)
             self.checks["fresh_timed"] += 1
         self._last_timed = s
         self.prepare(s, stale=False)
         return slots
+
+    def _fresh_timed(self, s: InputSet) -> None:
+        """Values this candidate has not seen: the task's bank entries in this candidate's own
+        order, each once; past them, a new draw (kept in the bank for later candidates)."""
+        bank = self.bank if not s.host_saved else None
+        if bank is not None and self._bank_order:
+            vals, expected = bank.entries[self._bank_order.pop()]
+            self.write_values(s, vals, expected=expected)
+            return
+        self.write_values(s, self.fresh_values())
+        if bank is not None and len(bank.entries) < bank.capacity:
+            try:
+                bank.add([g.tensor.clone(memory_format=torch.contiguous_format) if g is not None else None
+                          for g in s.inputs], list(s.expected))
+            except Exception as e:  # noqa: BLE001 - a full bank only costs the next candidates a draw
+                if not is_oom(e):
+                    raise
+                bank.capacity = len(bank.entries)
 
     def timed_after(self, s: InputSet, report: CallReport | None = None) -> Mismatch | None:
         self.sync()
@@ -510,6 +562,8 @@ class Verifier:
         if not self.moved:
             return
         scrub(self.arena, self.gen)
+        if self.watch is not None:
+            self.watch.touch_all()
         for x in self.sets:
             ins, outs = self._home[id(x)]
             relocate(x, self.arena, ins, outs)

@@ -8,10 +8,13 @@ same graph and the same input/output shapes, dtypes and strides are one task (a 
 24 identical norms are one task with 24 calls).
 
 What is kept per task: the first `max_calls` calls (inputs and outputs), while they fit in
-`max_bytes_per_task`; a call that does not fit is summarised instead (value statistics and a
-checksum of the real bytes), so verification can draw inputs in the same range and the user is
-told that it did. Nothing is skipped silently: unsupported regions and over-budget calls are
-listed with their reason.
+`max_bytes_per_task` (CAPTURE_CAP by default); a call that does not fit is summarised instead
+(value statistics and a checksum of the real bytes), so verification can draw inputs in the same
+range and the user is told that it did, with the cap in force and why. The first call is kept
+whenever its inputs fit the cap (its outputs too when they also fit; else they are computed
+again from its inputs when saved): a task has a real call unless a single call's inputs are
+over the cap (issue 20). Nothing is skipped silently: unsupported regions and over-budget calls
+are listed with their reason.
 
 The interpreter computes exactly what the graph computes (it is the graph, run eagerly), and
 after the run each region's own graph is re-run on its captured inputs and must reproduce the
@@ -36,6 +39,13 @@ from kforge_tui.regions.task import Task, capture_dir, save_call
 
 log = logging.getLogger("kforge.workload")
 
+# Captured calls are written to the run directory and read back whole by every worker that
+# evaluates the task (and kept in its memory while it does): 1 GiB a task keeps a model with a
+# few dozen tasks within a laptop's disk and a worker's host memory. A call with bigger inputs
+# (KernelBench's level-1 sizes) is verified on random draws matched to its value statistics.
+CAPTURE_CAP = 1 << 30
+CAPTURE_CAP_WHY = "captured tensors are written to the run directory and read back by every worker"
+
 
 @dataclass
 class TaskRecord:
@@ -43,10 +53,11 @@ class TaskRecord:
 
     task: Task
     calls: int = 0
-    saved: list = field(default_factory=list)  # [(inputs list, outputs list)] kept tensors
+    saved: list = field(default_factory=list)  # [(inputs list, outputs list or None)] kept tensors
     summarised: list = field(default_factory=list)  # [{"stats": [...], "sha1": str}] over budget
     bytes: int = 0
     first_index: int = 0  # order of first appearance (graph order)
+    over: int = 0  # the largest input bytes of one summarised call (what the cap refused)
 
 
 @dataclass
@@ -68,6 +79,7 @@ class Traced:
     ref_mismatch: dict[str, int] = field(default_factory=dict)  # task key -> calls not reproduced
     breaks: list[str] = field(default_factory=list)  # why dynamo broke the graph (one line each)
     layout_notes: list[str] = field(default_factory=list)  # what the layout probe could not see
+    cap: int = CAPTURE_CAP  # bytes of real calls kept per task
 
     def record_of(self, task: Task) -> TaskRecord | None:
         """The record of a task, whichever layout or kernel language the task is in now."""
@@ -180,18 +192,23 @@ class _Runner:
             outs = [vals.get(o) for o in spec.outputs]
             if any(not isinstance(t, torch.Tensor) for t in ins + outs):
                 continue
-            cost = sum(_nbytes(t) for t in ins + outs)
-            if r.bytes + cost <= rec.max_bytes:
+            cost_in, cost_out = sum(_nbytes(t) for t in ins), sum(_nbytes(t) for t in outs)
+            if r.bytes + cost_in + cost_out <= rec.max_bytes:
                 r.saved.append(([t.detach() for t in ins], [t.detach() for t in outs]))
-                r.bytes += cost
+                r.bytes += cost_in + cost_out
+            elif not r.saved and cost_in <= rec.max_bytes:  # a real call, its outputs made again
+                r.saved.append(([t.detach() for t in ins], None))
+                r.bytes += cost_in
             else:
+                r.over = max(r.over, cost_in)
                 r.summarised.append({"stats": [TensorStats.of(t).__dict__ for t in ins],
-                                     "sha1": [_digest(t) for t in ins]})
+                                     "sha1": [_digest(t) if _nbytes(t) <= rec.max_bytes else None
+                                              for t in ins]})
         return out
 
 
 def trace_model(loaded, backend: str = "cpu", *, max_calls: int = 3,
-                max_bytes_per_task: int = 1 << 30, probe_layouts: bool = True) -> Traced:
+                max_bytes_per_task: int = CAPTURE_CAP, probe_layouts: bool = True) -> Traced:
     """One forward of `loaded` through the capture backend; the regions and their real calls,
     each task laid out as Inductor lays its region out in the compiled model (`probe_layouts`)."""
     from kforge_tui.errors import UsageError
@@ -208,7 +225,8 @@ def trace_model(loaded, backend: str = "cpu", *, max_calls: int = 3,
         raise UsageError(f"{loaded.spec}: torch.compile could not capture the model's graph "
                          f"(its eager forward runs): {str(e).split('raised', 1)[-1].strip()}") from e
     traced = Traced(rec.records, list(rec.unsupported.values()), rec.skipped, rec.graphs,
-                    breaks=_break_reasons(before, _break_counts()), layout_notes=rec.layout_notes)
+                    breaks=_break_reasons(before, _break_counts()), layout_notes=rec.layout_notes,
+                    cap=max_bytes_per_task)
     _check_references(traced)
     _apply_layouts(traced, rec.layouts)
     _name_patterns(traced, loaded.device)
@@ -279,6 +297,8 @@ def _check_references(traced: Traced) -> None:
     for key, r in traced.records.items():
         bad = 0
         for ins, outs in r.saved:
+            if outs is None:  # kept without its outputs (over the cap): nothing to reproduce
+                continue
             try:
                 got = run_graph(r.task.graph, ins)
             except Exception:
@@ -303,6 +323,21 @@ def _laid_out(tensors: list, metas) -> list:
     return out
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{n / 2**20:.3g} MiB"
+
+
+def _over_cap_note(r: TaskRecord, cap: int) -> str:
+    """What the capture cap left out, in its own terms: the cap, why, and why these calls."""
+    n = len(r.summarised)
+    what = (f"inputs of {_mib(r.over)} a call" if r.over > cap else
+            f"the task's {_mib(r.bytes)} kept already")
+    return (f"{n} call{'s' if n > 1 else ''} over the {_mib(cap)} per-task capture cap ({what}; "
+            f"the cap because {CAPTURE_CAP_WHY}) kept only as value statistics"
+            + (" with a sha1 of the real bytes" if all(all(h for h in c["sha1"]) for c in r.summarised) else "")
+            + " (random inputs are drawn from them)")
+
+
 def save_captures(run_dir, tasks: list[Task], traced: Traced) -> dict[str, str]:
     """Write the kept calls of `tasks` under RUN_DIR/captures/<task_id>/; returns a note per task
     (what was kept, what was summarised) for the run log."""
@@ -318,7 +353,7 @@ def save_captures(run_dir, tasks: list[Task], traced: Traced) -> dict[str, str]:
             stale.unlink()
         for k, (ins, outs) in enumerate(r.saved):
             laid = _laid_out(ins, task.inputs)
-            if any(a is not b for a, b in zip(laid, ins)):
+            if outs is None or any(a is not b for a, b in zip(laid, ins)):
                 # the region's reference in this layout: PyTorch may round a reduction over
                 # another memory order differently, and verification compares against this
                 outs = run_graph(task.graph, laid)
@@ -328,8 +363,7 @@ def save_captures(run_dir, tasks: list[Task], traced: Traced) -> dict[str, str]:
             import json
 
             (Path(d) / "summarised.json").write_text(json.dumps(r.summarised))
-            note += (f"; {len(r.summarised)} over {r.bytes / 2**20:.0f} MiB kept only as value "
-                     "statistics with a sha1 of the real bytes (random inputs are drawn from them)")
+            note += "; " + _over_cap_note(r, traced.cap)
         if r.task.traced_strides:
             note += "; laid out as Inductor lays the region out in the compiled model"
         mism = next((n for k, n in traced.ref_mismatch.items() if traced.records.get(k) is r), 0)

@@ -1,0 +1,166 @@
+"""The big-tensor path on the CPU (issue 20): what a KernelBench level-1 size meets on a GPU,
+shrunk to what CI can run - a task whose real calls are over the capture cap, a task whose sets
+must shrink to fit a memory limit the test sets (the float64 run in dim-0 slices), and the
+pieces those rest on."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from kforge_tui.regions.build import task_of
+from kforge_tui.regions.graph import run as run_graph
+from kforge_tui.regions.task import load_calls
+from kforge_tui.sandbox import references, verify
+from kforge_tui.sandbox.backends.cpu import CpuBackend
+from kforge_tui.sandbox.pool import EvaluatorPool
+from kforge_tui.sandbox.supervisor import Budget, Worker
+from kforge_tui.workload.capture import save_captures, trace_model
+from kforge_tui.workload.loader import LoadedModel
+
+TIMING = {"warmup": 2, "min_iters": 6, "max_iters": 12, "budget_s": 0.03}
+
+SOFTMAX_CPP = (Path(__file__).parent / "cheats" / "honest" / "softmax_f32.cpp").read_text()
+
+
+class Softmax(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=1)
+
+
+def _loaded(x) -> LoadedModel:
+    return LoadedModel(model=Softmax().eval(), example_inputs=(x,), spec="test", device="cpu")
+
+
+def _planner() -> Worker:
+    w = Worker.__new__(Worker)  # the planner alone: no zygote, no runner
+    w.backend, w.n_spares = CpuBackend(), 1
+    return w
+
+
+# ------------------------------------------------------------------------ capture cap
+
+def test_a_call_whose_inputs_fit_the_cap_is_captured_even_when_its_outputs_do_not(tmp_path):
+    x = torch.rand(256, 1024)  # 1 MiB in, 1 MiB out
+    traced = trace_model(_loaded(x), max_calls=3, max_bytes_per_task=(3 << 20) // 2)
+    rec = next(iter(traced.records.values()))
+    assert len(rec.saved) == 1 and rec.saved[0][1] is None and not rec.summarised
+    notes = save_captures(tmp_path, [rec.task], traced)
+    assert notes[rec.task.task_id].startswith("1 of 1 call(s) captured")
+    (call,) = load_calls(tmp_path, rec.task.task_id)
+    assert torch.equal(call["inputs"][0], x)  # the outputs made again, by the region's own graph
+    assert torch.equal(call["outputs"][0], run_graph(rec.task.graph, [x])[0])
+
+
+def test_a_call_over_the_cap_is_said_so_with_the_cap_and_why_and_its_statistics_are_used(tmp_path):
+    x = torch.rand(256, 1024)  # KernelBench draws uniform [0, 1): not the default N(0, 1)
+    traced = trace_model(_loaded(x), max_calls=3, max_bytes_per_task=1 << 19)
+    rec = next(iter(traced.records.values()))
+    assert not rec.saved and len(rec.summarised) == 1
+    note = save_captures(tmp_path, [rec.task], traced)[rec.task.task_id]
+    assert note.startswith("0 of 1 call(s) captured; 1 call over the 0.5 MiB per-task capture cap")
+    assert "inputs of 1 MiB a call" in note and "written to the run directory" in note
+    assert "0 MiB" not in note  # the old line: "1 over 0 MiB kept only as value statistics"
+    stats = verify.summarised_stats(rec.task, tmp_path, rec.task.task_id)
+    assert stats[0].min >= 0.0 and stats[0].max <= 1.0 and abs(stats[0].mean - 0.5) < 0.01
+    sets, note, _ = verify.build_sets(rec.task, [], 3, "cpu", 1, lambda ins: [torch.softmax(ins[0], 1)],
+                                      min_sets=4, stats=stats)
+    assert "over the capture cap" in note
+    assert all(0.0 <= float(s.inputs[0].tensor.min()) and float(s.inputs[0].tensor.max()) <= 1.0 for s in sets)
+
+
+@pytest.mark.asyncio
+async def test_a_task_over_the_capture_cap_is_verified_on_draws_from_its_statistics(tmp_path):
+    traced = trace_model(_loaded(torch.rand(256, 1024)), max_calls=3, max_bytes_per_task=1 << 19)
+    rec = next(iter(traced.records.values()))
+    save_captures(tmp_path, [rec.task], traced)
+    async with EvaluatorPool("cpu", cache_dir=tmp_path / "c", timing=TIMING) as pool:
+        b = await pool.baseline(rec.task.to_json(), str(tmp_path))
+        assert "over the capture cap" in b.note, b.note
+        r = await pool.evaluate(rec.task.to_json(), str(tmp_path), SOFTMAX_CPP)
+    assert r.status == "ok", f"{r.status} {r.message}"
+
+
+# ------------------------------------------------------------------------ memory
+
+def test_float64_reference_in_slices_is_the_whole_run_and_refuses_what_mixes_rows():
+    task = task_of(lambda x: torch.softmax(x, -1), (torch.randn(37, 129),), backend="cpu")
+    x = torch.randn(37, 129)
+    whole = references.reference64(task, "cpu")([x])[0]
+    sliced = references.reference64(task, "cpu", 4)([x])[0]
+    assert torch.equal(whole, sliced) and sliced.dtype == torch.float64
+    ref = lambda ins: [torch.softmax(ins[0], -1)]  # noqa: E731
+    assert references.sliceable(task, ref, [x], ref([x]), 4)
+    mix = task_of(lambda x: x - x.mean(0, keepdim=True), (torch.randn(37, 129),), backend="cpu")
+    ref_mix = lambda ins: [ins[0] - ins[0].mean(0, keepdim=True)]  # noqa: E731
+    assert not references.sliceable(mix, ref_mix, [x], ref_mix([x]), 4)
+    flat = task_of(lambda x: torch.softmax(x.reshape(37 * 129), 0).reshape(37, 129),
+                   (torch.randn(37, 129),), backend="cpu")
+    assert not references.sliceable(flat, lambda ins: [torch.softmax(ins[0].reshape(37 * 129), 0)
+                                                       .reshape(37, 129)], [x], ref([x]), 4)
+
+
+def test_the_planner_shrinks_the_sets_then_slices_the_float64_run_before_dropping_it():
+    task = task_of(lambda x: torch.softmax(x, -1), (torch.randn(1024, 8192),), backend="cpu")  # 32 MiB
+    w = _planner()
+    reserve = w.backend.reserve_bytes(1)
+    plans = {mib: w.plan_sets(task, 0, Budget({"free_bytes": reserve + (mib << 20)}))
+             for mib in (256, 1024, 1536, 4096)}
+    assert plans[4096].k == 4 and plans[4096].edge64 and plans[4096].slices64 == 1
+    assert plans[1024].k == 1 and plans[1024].edge64 and plans[1024].slices64 > 1
+    assert "slices of dim 0" in plans[1024].note
+    assert plans[256].k == 1 and not plans[256].edge  # never none: one set, the leanest checks
+    assert all(p.k >= 1 for p in plans.values())
+
+
+@pytest.mark.asyncio
+async def test_sets_shrink_to_fit_a_memory_limit_and_the_sliced_float64_judge_runs(tmp_path):
+    """The test sets the memory: one set, the float64 run in slices; an honest kernel passes
+    every check and a kernel wrong on edge cases only still fails the float64 judge."""
+    task = task_of(lambda x: torch.softmax(x, -1), (torch.randn(1024, 8192),), backend="cpu")
+    reserve = _planner().backend.reserve_bytes(1)
+    mem = {"free_bytes": reserve + (1024 << 20)}
+    async with EvaluatorPool("cpu", cache_dir=tmp_path / "c", timing=TIMING, memory=mem) as pool:
+        b = await pool.baseline(task.to_json(), str(tmp_path))
+        assert b.sets == 1 and "slices of dim 0" in b.note, b.note
+        r = await pool.evaluate(task.to_json(), str(tmp_path), SOFTMAX_CPP)
+        assert r.status == "ok", f"{r.status} {r.message}"
+        assert r.checks["sets"] == 1 and r.checks["edge_float64"] and len(r.checks["edge_cases"]) >= 4
+        no_max = SOFTMAX_CPP.replace("expf(xr[j] - m)", "expf(xr[j])")  # overflows on +-100 only
+        r = await pool.evaluate(task.to_json(), str(tmp_path), no_max)
+        assert r.status == "verify_error" and "edge-case" in r.message, r.message
+
+
+def test_the_fresh_bank_gives_each_candidate_every_entry_once_then_new_draws():
+    """Candidate one's timed calls draw fresh values and leave them in the task's bank;
+    candidate two gets each entry once, in its own order, then values no one has seen."""
+    task = task_of(lambda x: torch.softmax(x, -1), (torch.randn(64, 256),), backend="cpu")
+    ref = lambda ins: [torch.softmax(ins[0], -1)]  # noqa: E731
+    sets, _, arena = verify.build_sets(task, [], 3, "cpu", 1, ref, min_sets=4)
+    bank = verify.FreshBank(8)
+
+    def honest(s):
+        s.outputs[0].tensor.copy_(torch.softmax(s.inputs[0].tensor, -1))
+        return 0
+
+    def timed(v, n):
+        seen = []
+        for i in range(n):
+            s = sets[i % len(sets)]
+            v.timed_before(s)
+            seen.append(s.inputs[0].tensor.clone())
+            honest(s)
+            assert v.timed_after(s) is None
+        v.home()
+        return seen
+
+    one = timed(verify.Verifier(task, sets, honest, ref, arena=arena, bank=bank, seed=1), 10)
+    assert len(bank.entries) == 8
+    two = timed(verify.Verifier(task, sets, honest, ref, arena=arena, bank=bank, seed=2), 10)
+    keys = [tuple(x.reshape(-1)[:4].tolist()) for x in two]
+    assert len(set(keys)) == 10  # nothing twice within one candidate
+    banked = {tuple(v[0].reshape(-1)[:4].tolist()) for v, _ in bank.entries}
+    assert set(keys[:8]) == banked and not set(keys[8:]) & banked
+    assert [tuple(x.reshape(-1)[:4].tolist()) for x in one[:8]] != keys[:8]  # its own order
