@@ -73,6 +73,14 @@ def _warm_cudart() -> None:
             n = ctypes.c_int()
             rt.cudaGetDeviceCount(ctypes.byref(n))
             rt.cudaFree(ctypes.c_void_p(0))
+            # The driver opens files the first time a process uses stream-ordered allocation
+            # (its default memory pool): an honest kernel's first cudaMallocAsync would meet the
+            # RUN filter's refusal of openat (seen on the H200). Done once here, before any filter.
+            ptr = ctypes.c_void_p()
+            if rt.cudaMallocAsync(ctypes.byref(ptr), ctypes.c_size_t(1 << 21), None) == 0:
+                rt.cudaMemsetAsync(ptr, 0, ctypes.c_size_t(1 << 21), None)
+                rt.cudaFreeAsync(ptr, None)
+            rt.cudaStreamSynchronize(None)
         except AttributeError:
             pass
         return
@@ -149,16 +157,34 @@ def _python_dirs() -> tuple[str, ...]:
     return tuple(sorted(os.path.realpath(d) for d in dirs if d))
 
 
+_FILTERED = False  # the RUN filter is on: nothing of Python's may open or stat a file
+
+
 def _quiet_python() -> None:
-    """Nothing of Python's may open a file once the syscall filter is on: warnings and
-    tracebacks read source lines (linecache), imports write bytecode. In a runner those lines
-    are not worth a killed process."""
+    """Nothing of Python's may open a file once the RUN filter is on: warnings and tracebacks
+    read source lines (linecache), imports write bytecode. In a runner those lines are not worth
+    a killed process. Before it, source lines are read as usual: Triton's JIT reads its kernels'
+    source through linecache (inspect.getsource) at decoration, and a linecache that had no
+    lines made every Triton candidate fail to load on a GPU ("@jit functions should be defined
+    in a Python file"; the interpreter never asks)."""
     import linecache
     import warnings
 
     warnings.simplefilter("ignore")
-    linecache.getlines = lambda *a, **k: []  # type: ignore[assignment]
-    linecache.getline = lambda *a, **k: ""  # type: ignore[assignment]
+    getlines, checkcache = linecache.getlines, linecache.checkcache
+
+    def lines(filename, module_globals=None):
+        entry = linecache.cache.get(filename)
+        if entry is not None and len(entry) != 1:  # read already (or registered lazily: len 1)
+            return entry[2]
+        return [] if _FILTERED else getlines(filename, module_globals)
+
+    def check(filename=None):
+        if not _FILTERED:
+            checkcache(filename)
+
+    linecache.getlines = lines  # type: ignore[assignment]
+    linecache.checkcache = check  # type: ignore[assignment]
     sys.dont_write_bytecode = True
 
 
@@ -167,12 +193,14 @@ def _filter(stage: str, backend_name: str, probe) -> str:
     kernel refused it ("" when installed or switched off)."""
     from kforge_tui.sandbox import seccomp
 
+    global _FILTERED
     if not seccomp.enabled():
         return ""
     try:
         (seccomp.load_filter if stage == "load" else seccomp.run_filter)(backend_name, probe.native)
     except OSError as e:
         return f"the runner could not install its system-call filter ({e})"
+    _FILTERED = _FILTERED or stage == "run"
     return ""
 
 
