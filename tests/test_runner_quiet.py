@@ -40,3 +40,29 @@ def test_source_lines_until_the_filter_then_none(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_a_signal_handler_in_installed_library_code_is_that_librarys_own():
+    """LLVM's crash handlers, installed by Triton's first compile in a runner, point into
+    libtriton's code: excused there by address (what the code is), never elsewhere."""
+    from kforge_tui.sandbox.backends import probe
+
+    n = probe.NSIG
+    before = {"signals": [0] * (2 * n) + [0]}
+    after = {"signals": list(before["signals"])}
+    after["signals"][2 * (1 - 1)] = 0x7000_1234  # SIGHUP's handler: inside the library's code
+    assert probe.diff(before, after, handler_code=((0x7000_0000, 0x7100_0000),)) == []
+    assert probe.diff(before, after) == ["signal handler changed for SIGHUP"]
+    after["signals"][2 * (2 - 1)] = 0x5555_0000  # SIGINT's: anywhere else is a change
+    assert probe.diff(before, after, handler_code=((0x7000_0000, 0x7100_0000),)) == \
+        ["signal handler changed for SIGINT"]
+
+
+def test_library_code_lists_only_installed_executable_mappings():
+    from kforge_tui.sandbox import runner
+
+    import torch  # noqa: F401  (maps libtorch's code from site-packages)
+
+    got = runner._library_code("libtorch")
+    assert got and all(lo < hi for lo, hi in got)
+    assert runner._library_code("no-such-library-name") == ()

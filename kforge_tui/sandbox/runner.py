@@ -157,6 +157,27 @@ def _python_dirs() -> tuple[str, ...]:
     return tuple(sorted(os.path.realpath(d) for d in dirs if d))
 
 
+def _library_code(word: str) -> tuple[tuple[int, int], ...]:
+    """Executable mappings of installed libraries (under _python_dirs) whose file name holds
+    `word`: code no candidate wrote (candidates cannot write files there). Read from
+    /proc/self/maps, so only before the RUN filter."""
+    dirs = tuple(d.rstrip(os.sep) + os.sep for d in _python_dirs())
+    out = []
+    try:
+        with open("/proc/self/maps", "rb", buffering=0) as f:
+            text = b"".join(iter(lambda: f.read(1 << 16), b"")).decode()
+    except OSError:
+        return ()
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and "x" in parts[1]:
+            path = os.path.realpath(parts[5].strip())
+            if word in os.path.basename(path) and path.startswith(dirs):
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                out.append((lo, hi))
+    return tuple(out)
+
+
 _FILTERED = False  # the RUN filter is on: nothing of Python's may open or stat a file
 
 
@@ -344,6 +365,13 @@ def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> No
             return
         fn.restype = ctypes.c_int
         fn.argtypes = sig.argtypes()
+    handler_code: tuple = ()
+    if triton:
+        # Triton's first compile in this process (the candidate's JIT, when the warm-up kernel
+        # came from the cache) installs LLVM's crash handlers, SIGSYS among them: ours again,
+        # and the others judged by where they point (probe.diff's handler_code).
+        probe.arm_sigsys(sock.fileno())
+        handler_code = _library_code("triton")
     after = probe_mod.self_census(probe)
     lib_state = _LibraryState(lib_path if not triton else None, first_call_writes=backend_name == "cuda")
     stream = backend.stream_handle()
@@ -365,7 +393,7 @@ def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> No
         args_of(s_)
     probe.scrub_stack()
     refused = _filter("run", backend_name, probe)
-    problems = probe_mod.diff(before, after, lib_path, at_load=True)
+    problems = probe_mod.diff(before, after, lib_path, at_load=True, handler_code=handler_code)
     fp = probe_mod.fp_diff(before, after)
     problem = refused
     what = "the candidate was loaded and first called" if triton else "the library was loaded"

@@ -383,10 +383,13 @@ def _signame(n: int) -> str:
 
 
 def diff(before: dict, after: dict, lib_path: str | None = None, *, at_load: bool = False,
-         allow_dirs: tuple = ()) -> list[str]:
+         allow_dirs: tuple = (), handler_code: tuple = ()) -> list[str]:
     """Human-readable changes from `before` to `after` (FP environment excluded: see fp_diff).
     `allow_dirs`: directories whose files may be newly mapped executable (a Triton candidate's
-    own directory, where Triton writes its compiled kernels, and installed Python code)."""
+    own directory, where Triton writes its compiled kernels, and installed Python code).
+    `handler_code`: (start, end) ranges of an installed library's code; a signal handler that
+    now points there is that library's own (LLVM's crash handlers, installed by Triton's first
+    compile in a process), never code a candidate wrote."""
     out = []
     new_t = after["threads"] - before["threads"] if "threads" in before and "threads" in after else ()
     if new_t:
@@ -394,8 +397,12 @@ def diff(before: dict, after: dict, lib_path: str | None = None, *, at_load: boo
     sb, sa = before.get("signals"), after.get("signals")
     if sb is not None and sa is not None and sb != sa:
         if len(sb) == len(sa) == 2 * NSIG + 1 and all(isinstance(x, int) for x in sb + sa):
+            def library_own(h: int) -> bool:
+                return any(lo <= h < hi for lo, hi in handler_code)
+
             changed = [_signame(s) for s in range(1, NSIG + 1)
-                       if sb[2 * (s - 1)] != sa[2 * (s - 1)] or sb[2 * (s - 1) + 1] != sa[2 * (s - 1) + 1]]
+                       if (sb[2 * (s - 1)] != sa[2 * (s - 1)] or sb[2 * (s - 1) + 1] != sa[2 * (s - 1) + 1])
+                       and not library_own(sa[2 * (s - 1)])]
             if changed:
                 out.append("signal handler changed for " + ", ".join(changed[:6]))
             if sb[-1] != sa[-1]:
