@@ -16,6 +16,9 @@ Rules (docs/ARCHITECTURE.md "Regions" states them for users):
      listed as skipped. So is a region whose every output is empty (zero elements: any kernel
      or pattern "matches" it) and a fused chain with no input at all (iota/arange arithmetic
      such as F.interpolate's indices: a constant).
+     A chain's trailing view that keeps every element (no slice, no expand) and feeds one other
+     region moves into that region, so a value three Linears read through three `view`s is one
+     output, and a view of an input is never an output.
   6. What cannot become a kernel is a region all the same, marked unsupported with the reason
      (random ops, in-place mutation of an input, complex or quantized dtypes, symbolic sizes,
      an input that overlaps itself in memory such as an expanded model input), so the profile
@@ -339,6 +342,8 @@ def partition(gm: fx.GraphModule) -> Partition:
                     merge(c, g)
                     c.members.sort(key=lambda m: idx[m])
 
+    _move_edge_views(groups, group_of, cats, idx)
+
     out = Partition([])
     for g in sorted((g for g in groups if g.members), key=lambda g: min(idx[m] for m in g.members)):
         g.members.sort(key=lambda m: idx[m])
@@ -360,6 +365,48 @@ def partition(gm: fx.GraphModule) -> Partition:
         spec.index = len(out.regions)
         out.regions.append(spec)
     return out
+
+
+_EXPANDS = {_aten.expand.default, _aten.expand_copy.default}
+
+
+def _move_edge_views(groups, group_of, cats, idx) -> None:
+    """A chain's trailing view that only feeds one other region moves into that region.
+
+    Views fuse into the chain that produces their input, so a value the chain hands to three
+    Linears as three `view`s would leave as three outputs holding the same elements (each one
+    written by the kernel), and a permuted model input seen only by the next region would be an
+    output that is a copy of an input. A view that keeps every element (no slice, no expand)
+    costs nothing on either side of the edge: it goes to its consumer, and the chain's output
+    is the value itself, once."""
+    moved = set()
+    changed = True
+    while changed:
+        changed = False
+        for g in groups:
+            if not g.fusible or not g.members or all(cats[m] in ("view", "getitem") for m in g.members):
+                continue
+            for m in sorted(g.members, key=lambda m: -idx[m]):
+                if cats[m] != "view" or m.target in _EXPANDS or not m.users:
+                    continue
+                src = m.args[0] if m.args else None
+                if _numel(m) is None or _numel(m) != _numel(src):
+                    continue
+                if any(u not in group_of for u in m.users):
+                    continue  # a graph output
+                dest = {group_of[u] for u in m.users}
+                if len(dest) != 1:
+                    continue
+                c = dest.pop()
+                if c is g:
+                    continue
+                g.members.remove(m)
+                c.members.append(m)
+                group_of[m] = c
+                moved.add(c)
+                changed = True
+    for c in moved:
+        c.members.sort(key=lambda m: idx[m])
 
 
 def _lowbit(mask: int) -> int:
