@@ -41,6 +41,7 @@ class SeedKernel:
     rblock_fixed: int = 0  # persistent reductions: R0_BLOCK written in the body
     derived: dict = field(default_factory=dict)  # constexpr param -> ["np2", other constexpr]
     cooperative: bool = False  # needs launch_cooperative_grid=True (grid barrier)
+    generated: bool = False  # written by the rewrite (an output copy), not Inductor's
 
     @property
     def default_config(self) -> dict:
@@ -53,9 +54,13 @@ class SeedKernel:
 
 @dataclass
 class SeedLaunch:
-    kernel: str
+    kernel: str  # a kernel of `Seed.kernels`, or the library function of a "library" launch
     args: list  # python expressions (str) for the non-constexpr params, or ints
     numels: dict  # {"xnumel": 64, "r0_numel": 256, ...}
+    extra: dict = field(default_factory=dict)  # constexprs of this launch (pointer offsets)
+    # "kernel" (a Triton launch) | "library" (a vendor GEMM Inductor calls: torch.mm(..., out=))
+    kind: str = "kernel"
+    kwargs: dict = field(default_factory=dict)  # a library call's keyword arguments (expressions)
 
 
 @dataclass
@@ -75,17 +80,26 @@ class Seed:
     # ---------------------------------------------------------------- the main kernel
     @property
     def main(self) -> SeedKernel:
-        """The kernel the search tunes first: the reduction if any, else the largest launch."""
+        """The kernel the search tunes first: the reduction if any, else the largest launch
+        (a copy kernel the rewrite generated only when there is nothing else)."""
         best, score = None, -1
         for ln in self.launches:
+            if ln.kind != "kernel":
+                continue
             k = self.kernels[ln.kernel]
-            s = (2 if "reduction" in k.kind else 1) * 10**12 + _numel(ln.numels)
+            s = (0 if k.generated else 1) * 10**15 + (2 if "reduction" in k.kind else 1) * 10**12 \
+                + _numel(ln.numels)
             if s > score:
                 best, score = k, s
         return best
 
+    @property
+    def libraries(self) -> list[str]:
+        """The library functions the seed calls (a GEMM region's cuBLAS call)."""
+        return [ln.kernel for ln in self.launches if ln.kind == "library"]
+
     def launch_of(self, name: str) -> SeedLaunch:
-        return next(ln for ln in self.launches if ln.kernel == name)
+        return next(ln for ln in self.launches if ln.kernel == name and ln.kind == "kernel")
 
     # ---------------------------------------------------------------- rendering
     def render(self, configs: dict[str, dict] | None = None, evict: str = "inductor",
@@ -113,10 +127,15 @@ class Seed:
         for name in self.zeroed:
             out.append(f"    {name}.zero_()")
         for ln in self.launches:
+            if ln.kind == "library":
+                args = [str(a) for a in ln.args] + [f"{k}={v}" for k, v in ln.kwargs.items()]
+                out.append(f"    torch.{ln.kernel}({', '.join(args)})")
+                continue
             k = self.kernels[ln.kernel]
             cfg = configs.get(ln.kernel) or k.default_config
             meta = dict(k.constants)
             meta.update({c: v for c, v in cfg.get("kwargs", {}).items() if c in k.constexprs})
+            meta.update(ln.extra)
             for c, (how, expr) in k.derived.items():
                 if how == "np2":
                     meta[c] = _np2(_eval_int(expr, meta))
@@ -130,7 +149,7 @@ class Seed:
             out.append(f"    {ln.kernel}[{_tup(grid)}]({args}, {', '.join(kw)})")
         out.append("    return 0")
         src = "\n".join(out) + "\n"
-        if self.scratch:
+        if self.scratch or self.libraries:
             src = src.replace("import triton\n", "import torch\nimport triton\n", 1)
         return src
 
