@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kforge_tui import events as ev
 from kforge_tui.errors import UsageError
+from kforge_tui.search.languages import route, search_plan
 from kforge_tui.search.proposers.base import NodeView, Proposal, ProposalContext
 from kforge_tui.regions.task import Task
 
@@ -116,6 +117,8 @@ class Engine:
         self._made_dir: bool | None = None  # whether _create_store made the run directory itself
         self._slots: asyncio.Semaphore | None = None
         self._serve_wake: asyncio.Event | None = None
+        self._task_backend: str | None = None
+        self.languages: list[str] = []  # kernel languages searched (search/languages.py)
 
     # ----------------------------------------------------------------- events
 
@@ -149,6 +152,7 @@ class Engine:
             s.compile_baseline = backend == "cuda"
         self._slots = asyncio.Semaphore(max(1, s.parallel))
         self._serve_wake = asyncio.Event()
+        self._task_backend, self.languages = search_plan(backend, s.backend)
         proposer = self._proposer or self._make_proposer()
         self._proposer = proposer
 
@@ -168,7 +172,10 @@ class Engine:
                                  f"({'none of ' + ','.join(s.ops) if s.ops else 'profile shows none'}); "
                                  "nothing to optimise")
             if self._evaluator is None:
-                self._evaluator = _PoolPerBackend(sorted({ts.task.backend for ts in self.tasks.values()}))
+                from kforge_tui.evaluators import PoolPerLanguage
+
+                self._evaluator = PoolPerLanguage(sorted({ts.task.backend for ts in self.tasks.values()}
+                                                         | set(self.languages)))
                 await self._evaluator.start()
             await self._baselines()
             self.emit(ev.Phase(name="search", detail=f"{len(self.tasks)} regions, budget {s.budget} each"))
@@ -259,9 +266,8 @@ class Engine:
         self.emit(ev.Phase(name="load", detail=s.model))
         self.loaded = await asyncio.to_thread(load_model, s.model, backend)
         self.emit(ev.Phase(name="capture", detail="the graph as torch.compile sees it, real tensors"))
-        kinds = kernel_backends(backend, s.backend)
         with _forward_log("kforge.workload", self):  # skips and caps reach the user
-            traced = await asyncio.to_thread(trace_model, self.loaded, kinds[0],
+            traced = await asyncio.to_thread(trace_model, self.loaded, self._task_backend,
                                              max_calls=s.max_calls)
         self.emit(ev.Phase(name="profile", detail=f"{len(traced.records)} regions"))
         prof = await asyncio.to_thread(profile_regions, self.loaded, traced,
@@ -279,8 +285,6 @@ class Engine:
             tasks.append(replace(t, calls=row.calls, total_us=row.total_us, share=row.share,
                                  compiled_us=row.compiled_us))
         chosen = select(tasks, s.ops, s.top)
-        # `--backend auto`: every chosen region is searched in each kernel language, as two tasks
-        chosen = [t.with_backend(k) for t in chosen for k in kinds]
         notes = await asyncio.to_thread(save_captures, self.run_dir, chosen, traced)
         for t in chosen:
             self.log(f"{t.task_id}: {t.op} ({t.kind}) at {t.source or t.module or 'the model'}; "
@@ -344,7 +348,8 @@ class Engine:
                            (" and torch.compile" if self.settings.compile_baseline else "")))
         for ts in self.tasks.values():
             if ts.baseline is None:
-                b = await self._evaluator.baseline(ts.task.to_json(), str(self.run_dir),
+                lang = "triton" if "triton" in self.languages else ts.task.backend  # the seed's worker
+                b = await self._evaluator.baseline(ts.task.with_backend(lang).to_json(), str(self.run_dir),
                                                    with_compile=bool(self.settings.compile_baseline))
                 ts.baseline = _baseline_json(b)
                 self.store.set_baseline(ts.task.task_id, ts.baseline)
@@ -352,7 +357,7 @@ class Engine:
             if b.get("seed"):  # Inductor's own Triton kernel for the region: the seed node
                 from kforge_tui.search import inductor_seed
 
-                inductor_seed.remember(ts.task, b["seed"])
+                inductor_seed.remember(ts.task.with_backend("triton"), b["seed"])
             self.emit(ev.TaskBaseline(task_id=ts.task.task_id, eager_us=b["eager"]["median_us"],
                                       compiled_us=(b.get("compiled") or {}).get("median_us"),
                                       floor_us=b.get("floor_us")))
@@ -368,6 +373,7 @@ class Engine:
         ts.exhausted = ""
         self._set_status(ts, "paused" if ts.paused or self._paused_all else "searching")
         ts.started = time.time()
+        await self._seed_node(ts)
         while True:
             ts.wake.clear()
             self._drain_user_requests(ts)
@@ -401,6 +407,7 @@ class Engine:
             await asyncio.gather(*ts.inflight, return_exceptions=True)
         if self._exhausted(ts) and not ts.stopped:
             self.log(f"{tid}: {self._exhausted(ts)}", "warning")
+            self._pass_on_budget(ts)
         if confirm and not ts.stopped and not self._stop and ts.tree.best() is not None:
             await self._confirm(ts)
         if ts.stopped:
@@ -409,6 +416,44 @@ class Engine:
             self._set_status(ts, "failed", f"no verified candidate ({self._reason(ts)})")
         else:
             self._set_status(ts, "done", self._reason(ts))
+
+    def _pass_on_budget(self, ts: SearchState) -> None:
+        """A search out of ideas hands its unspent budget to the searches still running."""
+        from kforge_tui.search.node_zero import shares
+
+        left = ts.tree.budget - ts.tree.evaluated
+        others = [o for o in self.tasks.values() if o is not ts and not o.stopped and not o.tree.done()]
+        if left <= 0 or self._stop or not others:
+            return
+        for o, n in [(ts, -left)] + list(zip(others, shares(left, len(others)))):
+            o.tree.add_budget(n)
+            self.store.set_budget(o.task.task_id, o.tree.budget)
+            self.emit(ev.TaskBudget(task_id=o.task.task_id, budget=o.tree.budget))
+            o.wake.set()
+        self.log(f"{ts.task.task_id}: {left} unspent candidate(s) passed on to "
+                 f"{', '.join(o.task.task_id for o in others)}")
+
+    async def _seed_node(self, ts: SearchState) -> None:
+        """Node zero (search/node_zero.py): Inductor's own kernel, the root's first child."""
+        from kforge_tui.search.node_zero import ACTION, PROPOSER, node_zero
+
+        if "triton" not in self.languages or self._stop or ts.stopped or ts.tree.done() \
+                or any(v.action == ACTION for v in ts.views.values()):
+            return
+        source, params, why = node_zero(ts.task, (ts.baseline or {}).get("note", ""))
+        tid, root = ts.task.task_id, ts.tree.root.node_id
+        if source is None:
+            self.log(f"{tid}: no Inductor seed (node zero): {why}", "warning")
+            return
+        async with self._slots:
+            node_id = self.store.add_node(tid, root, action=ACTION, proposer=PROPOSER, source=source,
+                                          params=params, status="pending")
+            child = ts.tree.add_child(ts.tree.root, node_id=node_id, action=ACTION, params=params,
+                                      mode="root")
+            ts.views[node_id] = NodeView(node_id, root, ACTION, source, params=params)
+            self.emit(ev.NodeAdded(task_id=tid, node_id=node_id, parent_id=root, action=ACTION,
+                                   proposer=PROPOSER))
+            await self._evaluate(ts, child, node_id, source)
 
     CONFIRM_TOP = 2  # best candidates re-timed side by side before one is called the winner
     CONFIRM_MAX = 5  # re-timings per task at most, counting those a new leader asks for
@@ -456,7 +501,8 @@ class Engine:
                                proposer="kforge"))
         try:
             async with self._slots:
-                r = await self._evaluator.evaluate(ts.task.to_json(), str(self.run_dir), v.source)
+                r = await self._evaluator.evaluate(route(ts.task, v.source, self.languages).to_json(),
+                                                   str(self.run_dir), v.source)
         except Exception as e:  # the first figure stands; say why it was not confirmed
             self.store.finish_node(node_id, status="lost", message=f"re-timing failed: {e}",
                                    result=None, reward=_fail_reward())
@@ -545,7 +591,8 @@ class Engine:
             compiled_us=(b.get("compiled") or {}).get("median_us"), floor_us=b.get("floor_us"),
             parent=parent, ancestors=ancestors, siblings=siblings, tried=tried, mode=mode,
             best=ts.views.get(best.node_id) if best is not None else None,
-            seed=self.settings.seed * 100003 + ts.tree.evaluated + len(ts.views))
+            seed=self.settings.seed * 100003 + ts.tree.evaluated + len(ts.views),
+            languages=list(self.languages))
 
     def _reserve(self, ts: SearchState, leaf, mode: str):
         """Put the child in the store and the tree *before* proposing: in-flight exclusion starts now."""
@@ -610,8 +657,8 @@ class Engine:
             self.emit(ev.NodeStage(task_id=tid, node_id=node_id, stage=stage))
 
         try:
-            result = await self._evaluator.evaluate(ts.task.to_json(), str(self.run_dir), source,
-                                                    on_stage=on_stage)
+            result = await self._evaluator.evaluate(route(ts.task, source, self.languages).to_json(),
+                                                    str(self.run_dir), source, on_stage=on_stage)
         except Exception as e:  # the evaluator promises not to raise; if it does, record it
             await self._record(ts, child, node_id, status="crash",
                                message=f"evaluator error: {type(e).__name__}: {e}", result=None)
@@ -902,22 +949,6 @@ class _forward_log:
         self.logger.setLevel(self.old_level)
 
 
-def kernel_backends(device: str, requested: str | None) -> list[str]:
-    """The kernel languages a run searches: the device's own by default; on a GPU `triton`, or
-    `auto` for both CUDA and Triton (each region becomes one task per language)."""
-    if requested in (None, "", device):
-        return [device]
-    if requested == "auto":
-        return ["cuda", "triton"] if device == "cuda" else [device]
-    if requested == "triton":
-        return ["triton"]
-    if requested == "cuda" and device != "cuda":
-        raise UsageError("--backend cuda needs --device cuda (a CUDA GPU)")
-    if requested in ("cuda", "cpu"):
-        return [requested]
-    raise UsageError(f"--backend must be cuda, triton, auto or cpu, not {requested!r}")
-
-
 def device_of(backend: str) -> str:
     """The device a kernel language runs on (Triton: the GPU, or the CPU under its interpreter)."""
     if backend == "triton":
@@ -936,45 +967,10 @@ def _abi_text(task: Task) -> str:
     return task.header()
 
 
-class _PoolPerBackend:
-    """One EvaluatorPool per kernel language of the run, behind the one Evaluator interface."""
-
-    def __init__(self, backends: list[str]):
-        from kforge_tui.sandbox.pool import EvaluatorPool, _gpu_count
-
-        self.pools = {b: EvaluatorPool(b, cache_dir=_cache_dir()) for b in backends}
-        # Each pool has one worker per GPU: with two pools (cuda and triton) two candidates
-        # could share a GPU while timed. One evaluation per GPU across the pools.
-        self._gate = asyncio.Semaphore(_gpu_count()) if len(self.pools) > 1 else None
-
-    def _for(self, task_json: dict):
-        return self.pools.get(task_json.get("backend")) or next(iter(self.pools.values()))
-
-    async def start(self) -> None:
-        for p in self.pools.values():
-            await p.start()
-
-    async def baseline(self, task_json: dict, run_dir: str, with_compile: bool = False):
-        if self._gate is None:
-            return await self._for(task_json).baseline(task_json, run_dir, with_compile=with_compile)
-        async with self._gate:
-            return await self._for(task_json).baseline(task_json, run_dir, with_compile=with_compile)
-
-    async def evaluate(self, task_json: dict, run_dir: str, source: str, on_stage=None):
-        if self._gate is None:
-            return await self._for(task_json).evaluate(task_json, run_dir, source, on_stage=on_stage)
-        async with self._gate:
-            return await self._for(task_json).evaluate(task_json, run_dir, source, on_stage=on_stage)
-
-    async def close(self) -> None:
-        for p in self.pools.values():
-            await p.close()
-
-
 def _cache_dir() -> Path:
-    from kforge_tui.config import cache_dir, private_dir
+    from kforge_tui.evaluators import compile_cache_dir
 
-    return private_dir(private_dir(cache_dir()) / "compile")  # compiled candidates of the user's model
+    return compile_cache_dir()
 
 
 __all__ = ["Engine", "OptimizeSettings", "settings_for_resume"]

@@ -371,6 +371,7 @@ class RunStore:
                 "baseline_us": med(base.get("eager")) if base else None,
                 "compiled_us": med(base.get("compiled")) if base else None,
                 "floor_us": base.get("floor_us") if base else None, "seq": r["seq"],
+                "best_lang": best["lang"] if best else None,  # the winner's kernel language
                 # what the figures measure: "device" (cuda event time, host kept ahead) or "wall"
                 "clock": ((base.get("compiled") or base.get("eager") or {}).get("clock") or None)
                 if base else None}
@@ -442,34 +443,45 @@ class RunStore:
             c.execute(f"UPDATE nodes SET {cols}, seq = ? WHERE id = ?", (*vals, seq, node_id))
 
     @staticmethod
-    def _node_row(r: dict) -> dict:
+    def _node_row(r: dict, backend: str | None = None) -> dict:
+        """A node as a dict; `lang` is the language of its source (search/languages.py:
+        "triton", "cuda" or "cpu"; "pytorch" for the root, None before a proposal arrives),
+        read off the source against its task's backend."""
+        from kforge_tui.search.languages import language_of
+
         for k in _NODE_JSON:
             r[k] = _loads(r[k])
         if r["params"] is None:
             r["params"] = {}
         r["hand_written"] = bool(r["hand_written"])
+        r.pop("task_backend", None)
+        r["lang"] = "pytorch" if r["parent_id"] is None else (
+            language_of(r["source"], backend or "cuda") if r.get("source") else None)
         return r
+
+    _NODES_SQL = ("SELECT n.*, json_extract(t.task, '$.backend') AS task_backend FROM nodes n "
+                  "JOIN tasks t ON t.task_id = n.task_id")
 
     def nodes(self, task_id: str | None = None, *, since_seq: int = 0) -> list[dict]:
         if task_id is None:
-            rows = self._q("SELECT * FROM nodes WHERE seq > ? ORDER BY id", (since_seq,))
+            rows = self._q(self._NODES_SQL + " WHERE n.seq > ? ORDER BY n.id", (since_seq,))
         else:
-            rows = self._q("SELECT * FROM nodes WHERE task_id = ? AND seq > ? ORDER BY id",
+            rows = self._q(self._NODES_SQL + " WHERE n.task_id = ? AND n.seq > ? ORDER BY n.id",
                            (task_id, since_seq))
-        return [self._node_row(r) for r in rows]
+        return [self._node_row(r, r.get("task_backend")) for r in rows]
 
     def node(self, node_id: int) -> dict:
-        rows = self._q("SELECT * FROM nodes WHERE id = ?", (node_id,))
+        rows = self._q(self._NODES_SQL + " WHERE n.id = ?", (node_id,))
         if not rows:
             raise KeyError(f"no node {node_id} in {self.path}")
-        return self._node_row(rows[0])
+        return self._node_row(rows[0], rows[0].get("task_backend"))
 
     def max_seq(self) -> int:
         return int(self._q("SELECT value FROM meta WHERE key = 'seq'")[0]["value"])
 
     def pending_nodes(self) -> list[dict]:
-        return [self._node_row(r)
-                for r in self._q("SELECT * FROM nodes WHERE status = 'pending' ORDER BY id")]
+        return [self._node_row(r, r.get("task_backend"))
+                for r in self._q(self._NODES_SQL + " WHERE n.status = 'pending' ORDER BY n.id")]
 
     # ------------------------------------------------------------------ llm usage
 
