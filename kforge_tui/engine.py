@@ -270,8 +270,8 @@ class Engine:
             traced = await asyncio.to_thread(trace_model, self.loaded, self._task_backend,
                                              max_calls=s.max_calls)
         self.emit(ev.Phase(name="profile", detail=f"{len(traced.records)} regions"))
-        prof = await asyncio.to_thread(profile_regions, self.loaded, traced,
-                                       compile_top=max(s.top, len(s.ops or ())) + 2)
+        prof = await asyncio.to_thread(profile_regions, self.loaded, traced,  # headroom needs compile
+                                       compile_top=max(3 * s.top, 12) + len(s.ops or ()))
         rows = [r.to_json() for r in prof.rows]
         self.store.save_profile(rows)
         self.emit(ev.ProfileReady(rows=rows))
@@ -284,7 +284,7 @@ class Engine:
                 continue
             tasks.append(replace(t, calls=row.calls, total_us=row.total_us, share=row.share,
                                  compiled_us=row.compiled_us))
-        chosen = select(tasks, s.ops, s.top)
+        chosen = select(tasks, s.ops, s.top, prof)
         notes = await asyncio.to_thread(save_captures, self.run_dir, chosen, traced)
         for t in chosen:
             self.log(f"{t.task_id}: {t.op} ({t.kind}) at {t.source or t.module or 'the model'}; "
