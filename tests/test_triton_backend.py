@@ -496,6 +496,7 @@ def test_prompt_for_triton_offers_inductor_kernel_and_python_abi():
     text = prompts.build_messages(ctx)[1]["content"]
     assert "Triton" in text and "```python" in text and "inputs[0] in0: float32 [33, 100]" in text
     assert "Starting point: torch.compile's own kernel" in text and "@triton.jit" in text
+    assert "## Inductor's config for its kernels" in text and "num_warps=" in text  # where tuning starts
     src, err = prompts.extract_code("idea\n```python\n" + HONEST + "```\n")
     assert err is None and "def kforge_launch" in src
     src, err = prompts.extract_code("```python\nkforge_launch(inputs, outputs)\n```")
