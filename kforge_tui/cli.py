@@ -64,8 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, help="how many regions to optimise (default 5; 3 on the CPU)")
     p.add_argument("--budget", type=int, help="candidates evaluated per region (default 50; 6 on the CPU)")
     p.add_argument("--backend", choices=["cuda", "triton", "auto", "cpu"],
-                   help="kernel language: cuda (default on a GPU), triton, auto (each region in "
-                        "both), cpu (C++, the default without a GPU)")
+                   help="kernel languages: auto (the default on a GPU: each region starts from "
+                        "Inductor's own Triton kernel, then Triton moves, CUDA families and "
+                        "generated kernels, LLM proposals), cuda, triton, cpu (C++, the default "
+                        "without a GPU)")
     p.add_argument("--llm", help="litellm model string, e.g. openai/gpt-4.1, anthropic/..., "
                                  "ollama/..., hosted_vllm/... (default: built-in proposer)")
     p.add_argument("--api-base", help="base URL of an OpenAI-compatible server (with --llm openai/NAME)")

@@ -21,9 +21,11 @@ from pathlib import Path
 from kforge_tui import events as ev
 from kforge_tui.errors import UsageError
 from kforge_tui.evaluators import (  # noqa: F401 (re-exported)
-    _abi_text, _PoolPerBackend, _Slots, default_parallel, device_of, kernel_backends)
+    _abi_text, _PoolPerBackend, _Slots, default_parallel, device_of, kernel_backends, PoolPerLanguage)
 from kforge_tui.run_settings import OptimizeSettings, default_run_dir, settings_for_resume  # noqa: F401
 from kforge_tui.sandbox.result import EvaluatorLost
+from kforge_tui.search.languages import route, search_plan
+from kforge_tui.workload.select import check_ops
 from kforge_tui.search.proposers.base import NodeView, Proposal, ProposalContext
 from kforge_tui.regions.task import Task
 
@@ -71,6 +73,8 @@ class Engine:
         self._searching = asyncio.Event()  # set once the evaluator and the baselines are ready
         self._user_tasks: set = set()  # hand-written kernels and repairs being evaluated
         self._started_at = time.time()
+        self._task_backend: str | None = None
+        self.languages: list[str] = []  # kernel languages searched (search/languages.py)
 
     # ----------------------------------------------------------------- events
 
@@ -105,6 +109,7 @@ class Engine:
             s.compile_baseline = backend == "cuda"
         self._slots = _Slots(max(1, s.parallel))
         self._serve_wake = asyncio.Event()
+        self._task_backend, self.languages = search_plan(backend, s.backend)
         proposer = self._proposer or self._make_proposer()
         self._proposer = proposer
 
@@ -132,7 +137,10 @@ class Engine:
                                  f"({'none of ' + ','.join(s.ops) if s.ops else 'profile shows none'}); "
                                  "nothing to optimise")
             if self._evaluator is None:
-                self._evaluator = _PoolPerBackend(sorted({ts.task.backend for ts in self.tasks.values()}))
+                from kforge_tui.evaluators import PoolPerLanguage
+
+                self._evaluator = PoolPerLanguage(sorted({ts.task.backend for ts in self.tasks.values()}
+                                                         | set(self.languages)))
                 await self._evaluator.start()
             await self._baselines()
             self.emit(ev.Phase(name="search", detail=f"{len(self.tasks)} regions, budget {s.budget} each"))
@@ -185,11 +193,11 @@ class Engine:
         self.log(f"evaluation on the Ray cluster ({s.cluster}): starting a worker on every node")
         evaluator = make_evaluator(s.cluster, backend, log=self.log,
                                    on_workers=lambda nodes: self.emit(ev.Workers(nodes=nodes)))
-        await evaluator.start(kernel_backends(backend, s.backend))
+        await evaluator.start(list(self.languages))
         self._evaluator = evaluator
         if auto_parallel or s.resume:  # enough in flight to keep every slot busy while others build
             s.parallel = max(s.parallel, 2 * evaluator.n_workers)
-            self._slots = asyncio.Semaphore(s.parallel)
+            self._slots = _Slots(s.parallel)
 
     def _make_proposer(self):
         if self.settings.llm:
@@ -247,15 +255,14 @@ class Engine:
         self.emit(ev.Phase(name="load", detail=s.model))
         self.loaded = await asyncio.to_thread(load_model, s.model, backend)
         self.emit(ev.Phase(name="capture", detail="the graph as torch.compile sees it, real tensors"))
-        kinds = kernel_backends(backend, s.backend)
-        with _forward_log("kforge.workload", self):  # skips and caps reach the user
-            traced = await asyncio.to_thread(trace_model, self.loaded, kinds[0],
+        with ev.forward_log("kforge.workload", self.log):  # skips and caps reach the user
+            traced = await asyncio.to_thread(trace_model, self.loaded, self._task_backend,
                                              max_calls=s.max_calls)
         if s.ops:  # before the profile: a mistyped name fails now, not after the timing
-            _check_ops(traced.tasks(), s.ops)
+            check_ops(traced.tasks(), s.ops)
         self.emit(ev.Phase(name="profile", detail=f"{len(traced.records)} regions"))
-        prof = await asyncio.to_thread(profile_regions, self.loaded, traced,
-                                       compile_top=max(s.top, len(s.ops or ())) + 2)
+        prof = await asyncio.to_thread(profile_regions, self.loaded, traced,  # headroom needs compile
+                                       compile_top=max(3 * s.top, 12) + len(s.ops or ()))
         rows = [r.to_json() for r in prof.rows]
         self.store.save_profile(rows)
         self.emit(ev.ProfileReady(rows=rows))
@@ -268,9 +275,7 @@ class Engine:
                 continue
             tasks.append(replace(t, calls=row.calls, total_us=row.total_us, share=row.share,
                                  compiled_us=row.compiled_us))
-        chosen = select(tasks, s.ops, s.top)
-        # `--backend auto`: every chosen region is searched in each kernel language, as two tasks
-        chosen = [t.with_backend(k) for t in chosen for k in kinds]
+        chosen = select(tasks, s.ops, s.top, prof)
         notes = await asyncio.to_thread(save_captures, self.run_dir, chosen, traced)
         for t in chosen:
             self.log(f"{t.task_id}: {t.op} ({t.kind}) at {t.source or t.module or 'the model'}; "
@@ -351,7 +356,8 @@ class Engine:
                            (" and torch.compile" if self.settings.compile_baseline else "")))
         for ts in self.tasks.values():
             if ts.baseline is None:
-                b = await self._evaluator.baseline(ts.task.to_json(), str(self.run_dir),
+                lang = "triton" if "triton" in self.languages else ts.task.backend  # the seed's worker
+                b = await self._evaluator.baseline(ts.task.with_backend(lang).to_json(), str(self.run_dir),
                                                    with_compile=bool(self.settings.compile_baseline))
                 ts.baseline = _baseline_json(b)
                 self.store.set_baseline(ts.task.task_id, ts.baseline)
@@ -359,7 +365,7 @@ class Engine:
             if b.get("seed"):  # Inductor's own Triton kernel for the region: the seed node
                 from kforge_tui.search import inductor_seed
 
-                inductor_seed.remember(ts.task, b["seed"])
+                inductor_seed.remember(ts.task.with_backend("triton"), b["seed"])
             self.emit(ev.TaskBaseline(task_id=ts.task.task_id, eager_us=b["eager"]["median_us"],
                                       compiled_us=(b.get("compiled") or {}).get("median_us"),
                                       floor_us=b.get("floor_us"),
@@ -380,6 +386,7 @@ class Engine:
         ts.exhausted = ""
         self._set_status(ts, "paused" if ts.paused or self._paused_all else "searching")
         ts.started = time.time()
+        await self._seed_node(ts)
         while True:
             ts.wake.clear()
             paused = ts.paused or self._paused_all
@@ -412,6 +419,7 @@ class Engine:
             await asyncio.gather(*ts.inflight, return_exceptions=True)
         if self._exhausted(ts) and not ts.stopped:
             self.log(f"{tid}: {self._exhausted(ts)}", "warning")
+            self._pass_on_budget(ts)
         if confirm and not ts.stopped and not self._stop and ts.tree.best() is not None:
             await self._confirm(ts)
         if ts.stopped:
@@ -420,6 +428,44 @@ class Engine:
             self._set_status(ts, "failed", f"no verified candidate ({self._reason(ts)})")
         else:
             self._set_status(ts, "done", self._reason(ts))
+
+    def _pass_on_budget(self, ts: SearchState) -> None:
+        """A search out of ideas hands its unspent budget to the searches still running."""
+        from kforge_tui.search.node_zero import shares
+
+        left = ts.tree.budget - ts.tree.evaluated
+        others = [o for o in self.tasks.values() if o is not ts and not o.stopped and not o.tree.done()]
+        if left <= 0 or self._stop or not others:
+            return
+        for o, n in [(ts, -left)] + list(zip(others, shares(left, len(others)))):
+            o.tree.add_budget(n)
+            self.store.set_budget(o.task.task_id, o.tree.budget)
+            self.emit(ev.TaskBudget(task_id=o.task.task_id, budget=o.tree.budget))
+            o.wake.set()
+        self.log(f"{ts.task.task_id}: {left} unspent candidate(s) passed on to "
+                 f"{', '.join(o.task.task_id for o in others)}")
+
+    async def _seed_node(self, ts: SearchState) -> None:
+        """Node zero (search/node_zero.py): Inductor's own kernel, the root's first child."""
+        from kforge_tui.search.node_zero import ACTION, PROPOSER, node_zero
+
+        if "triton" not in self.languages or self._stop or ts.stopped or ts.tree.done() \
+                or any(v.action == ACTION for v in ts.views.values()):
+            return
+        source, params, why = node_zero(ts.task, (ts.baseline or {}).get("note", ""))
+        tid, root = ts.task.task_id, ts.tree.root.node_id
+        if source is None:
+            self.log(f"{tid}: no Inductor seed (node zero): {why}", "warning")
+            return
+        async with self._slots:
+            node_id = self.store.add_node(tid, root, action=ACTION, proposer=PROPOSER, source=source,
+                                          params=params, status="pending")
+            child = ts.tree.add_child(ts.tree.root, node_id=node_id, action=ACTION, params=params,
+                                      mode="root")
+            ts.views[node_id] = NodeView(node_id, root, ACTION, source, params=params)
+            self.emit(ev.NodeAdded(task_id=tid, node_id=node_id, parent_id=root, action=ACTION,
+                                   proposer=PROPOSER))
+            await self._evaluate(ts, child, node_id, source)
 
     CONFIRM_TOP = 2  # best candidates re-timed side by side before one is called the winner
     CONFIRM_MAX = 5  # re-timings per task at most, counting those a new leader asks for
@@ -467,7 +513,8 @@ class Engine:
                                proposer="kforge"))
         try:
             async with self._slots:
-                r = await self._evaluator.evaluate(ts.task.to_json(), str(self.run_dir), v.source)
+                r = await self._evaluator.evaluate(route(ts.task, v.source, self.languages).to_json(),
+                                                   str(self.run_dir), v.source)
         except EvaluatorLost as e:
             self._evaluator_lost(ts, None, node_id, e)
             return
@@ -578,7 +625,8 @@ class Engine:
             compiled_us=(b.get("compiled") or {}).get("median_us"), floor_us=b.get("floor_us"),
             parent=parent, ancestors=ancestors, siblings=siblings, tried=tried, mode=mode,
             best=ts.views.get(best.node_id) if best is not None else None,
-            seed=self.settings.seed * 100003 + ts.tree.evaluated + len(ts.views))
+            seed=self.settings.seed * 100003 + ts.tree.evaluated + len(ts.views),
+            languages=list(self.languages))
 
     def _reserve(self, ts: SearchState, leaf, mode: str):
         """Put the child in the store and the tree *before* proposing: in-flight exclusion starts now."""
@@ -640,8 +688,8 @@ class Engine:
             self.emit(ev.NodeStage(task_id=tid, node_id=node_id, stage=stage))
 
         try:
-            result = await self._evaluator.evaluate(ts.task.to_json(), str(self.run_dir), source,
-                                                    on_stage=on_stage)
+            result = await self._evaluator.evaluate(route(ts.task, source, self.languages).to_json(),
+                                                    str(self.run_dir), source, on_stage=on_stage)
         except EvaluatorLost as e:
             self._evaluator_lost(ts, child, node_id, e)
             return
@@ -921,23 +969,8 @@ class Engine:
         self._wake()
 
 
-# --------------------------------------------------------------------- helpers
-
-def _check_ops(tasks, ops: list[str]) -> None:
-    """`--ops` against the regions the capture found, before the profile times them; the
-    names offered are all typeable (a label cut with `…` is offered as its parts)."""
-    from kforge_tui.workload.select import matches
-
-    unknown = [o for o in ops if not any(matches(t, o) for t in tasks)]
-    if unknown:
-        names = {t.kind for t in tasks}
-        for t in tasks:
-            names.update(p for p in t.op.split("+") if p != "…") if "…" in t.op else names.add(t.op)
-        raise UsageError(f"--ops: no region matches {', '.join(unknown)}; this model has: "
-                         f"{', '.join(sorted(names))}")
-
-
 def _view(row: dict) -> NodeView:
+    """A store node row as the proposers see it (its failure log where it failed)."""
     result = row.get("result") or {}
     log = ""
     if row.get("status") not in ("ok", "pending", None):
@@ -962,35 +995,6 @@ def _fail_reward() -> float:
     from kforge_tui.search import mcts
 
     return mcts.FAIL_REWARD
-
-
-class _forward_log:
-    """Route a library logger's records into the event stream as LogLine events while active."""
-
-    def __init__(self, name: str, engine: "Engine"):
-        import logging
-
-        self.logger = logging.getLogger(name)
-        engine_ref = engine
-
-        class _Handler(logging.Handler):
-            def emit(self, record):
-                engine_ref.log(record.getMessage(), "warning" if record.levelno >= logging.WARNING else "info")
-
-        self.handler = _Handler()
-        self.old_level = self.logger.level
-
-    def __enter__(self):
-        import logging
-
-        self.logger.addHandler(self.handler)
-        if self.logger.getEffectiveLevel() > logging.INFO:
-            self.logger.setLevel(logging.INFO)
-        return self
-
-    def __exit__(self, *exc):
-        self.logger.removeHandler(self.handler)
-        self.logger.setLevel(self.old_level)
 
 
 __all__ = ["Engine", "OptimizeSettings", "settings_for_resume"]

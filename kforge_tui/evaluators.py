@@ -1,7 +1,11 @@
 """What evaluates a run's candidates, as the engine sees it: one `EvaluatorPool` per kernel
-language behind the one Evaluator interface (`_PoolPerBackend`), the kernel languages a run
-searches, and the slots that bound evaluations in flight (user work first). The sandbox itself
-is in sandbox/; a Ray cluster's evaluator (cluster/) stands in for `_PoolPerBackend`.
+language behind the one Evaluator interface (`PoolPerLanguage`), and the slots that bound
+evaluations in flight (user work first). The sandbox itself is in sandbox/; a Ray cluster's
+evaluator (cluster/) stands in for `PoolPerLanguage`.
+
+An `auto` run on a GPU (search/languages.py) proposes Triton and CUDA candidates for the same
+region: each goes to the pool of its language, one evaluation per GPU across the pools so that
+two candidates never share a GPU while timed.
 """
 from __future__ import annotations
 
@@ -105,13 +109,15 @@ def _abi_text(task: Task) -> str:
     return task.header()
 
 
-class _PoolPerBackend:
-    """One EvaluatorPool per kernel language of the run, behind the one Evaluator interface."""
+class PoolPerLanguage:
+    """One EvaluatorPool per kernel language of the run, behind the one Evaluator interface: a
+    task goes to the pool of its backend (engine routes each candidate by its language,
+    search/languages.route)."""
 
     def __init__(self, backends: list[str]):
         from kforge_tui.sandbox.pool import EvaluatorPool, _gpu_count
 
-        self.pools = {b: EvaluatorPool(b, cache_dir=_cache_dir()) for b in backends}
+        self.pools = {b: EvaluatorPool(b, cache_dir=compile_cache_dir(), **_knobs(b)) for b in backends}
         # Each pool has one worker per GPU: with two pools (cuda and triton) two candidates
         # could share a GPU while timed. One evaluation per GPU across the pools, held only
         # while a worker runs it (the pools' device gate): compiles stay parallel.
@@ -138,7 +144,27 @@ class _PoolPerBackend:
             await p.close()
 
 
-def _cache_dir() -> Path:
+_PoolPerBackend = PoolPerLanguage  # the name the cluster tests and older callers use
+
+
+# Triton with no GPU runs under its interpreter (numpy, program by program): its times mean
+# nothing there and a candidate takes seconds a call, so the timing loop is the shortest that
+# still exercises it, and a candidate gets ten minutes (CI runs the seeded path this way).
+INTERPRETER_TIMING = {"warmup": 1, "min_iters": 3, "max_iters": 4, "budget_s": 0.01}
+
+
+def _knobs(backend: str) -> dict:
+    from kforge_tui.sandbox.pool import triton_device
+
+    if backend == "triton" and triton_device() == "cpu":
+        return {"timing": dict(INTERPRETER_TIMING), "eval_timeout_s": 600.0}
+    return {}
+
+
+def compile_cache_dir() -> Path:
     from kforge_tui.config import cache_dir, private_dir
 
     return private_dir(private_dir(cache_dir()) / "compile")  # compiled candidates of the user's model
+
+
+_cache_dir = compile_cache_dir

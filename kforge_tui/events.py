@@ -176,3 +176,32 @@ def event_from_json(d: dict) -> Event:
     d = dict(d)
     cls = EVENT_TYPES[d.pop("type")]
     return cls(**d)
+
+
+class forward_log:
+    """Route a library logger's records to `log(message, level)` (the engine's LogLine events)
+    while active."""
+
+    def __init__(self, name: str, log: Callable[[str, str], None]):
+        import logging
+
+        self.logger = logging.getLogger(name)
+
+        class _Handler(logging.Handler):
+            def emit(self, record):
+                log(record.getMessage(), "warning" if record.levelno >= logging.WARNING else "info")
+
+        self.handler = _Handler()
+        self.old_level = self.logger.level
+
+    def __enter__(self):
+        import logging
+
+        self.logger.addHandler(self.handler)
+        if self.logger.getEffectiveLevel() > logging.INFO:
+            self.logger.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.old_level)

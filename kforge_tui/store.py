@@ -425,10 +425,19 @@ class RunStore:
                 r["eager_us"], r["compiled_us"], r["eager_clock"] or "", r["compiled_clock"] or ""))
         return out
 
+    def _lang_of(self, node_id: int, task) -> str | None:
+        """The kernel language of a node's source (search/languages.py)."""
+        from kforge_tui.search.languages import language_of
+
+        rows = self._q("SELECT source FROM nodes WHERE id = ?", (node_id,))
+        src = rows[0]["source"] if rows else None
+        backend = task.get("backend") if isinstance(task, dict) else None
+        return language_of(src, backend or "cuda") if src else None
+
     def _task_row(self, r: dict, figures: list, control: dict) -> dict:
         from kforge_tui.figures import TaskFigures
 
-        base = _loads(r["baseline"])
+        base, task = _loads(r["baseline"]), _loads(r["task"])
         f = TaskFigures(base if isinstance(base, dict) else None)
         for fig in figures:
             f.update(fig)
@@ -436,7 +445,7 @@ class RunStore:
         ref, comp = f.reference("eager"), f.reference("compiled")
         ref_json = lambda x: {"median_us": x.median_us, "spread": x.spread, "n": x.n, "clock": x.clock}  # noqa: E731
         return {"task_id": r["task_id"], "op": r["op"], "shape": _loads(r["shape"]),
-                "dtype": r["dtype"], "task": _loads(r["task"]), "budget": r["budget"],
+                "dtype": r["dtype"], "task": task, "budget": r["budget"],
                 "status": r["status"], "baseline": base, "evaluated": r["evaluated"],
                 "failed": r["failed"], "pending": r["pending"],
                 "best_node": best.node_id if best else None,
@@ -450,6 +459,7 @@ class RunStore:
                 "reference": {"eager": ref_json(ref), "compiled": ref_json(comp)},
                 "floor_us": base.get("floor_us") if isinstance(base, dict) else None,
                 "control": control.get(r["task_id"], {}), "seq": r["seq"],
+                "best_lang": self._lang_of(best.node_id, task) if best else None,  # the winner's language
                 # what the figures measure: "device" (cuda event time, host kept ahead) or "wall"
                 "clock": ((base.get("compiled") or base.get("eager") or {}).get("clock") or None)
                 if isinstance(base, dict) else None}
@@ -524,35 +534,46 @@ class RunStore:
             c.execute(f"UPDATE nodes SET {cols}, seq = ? WHERE id = ?", (*vals, seq, node_id))
 
     @staticmethod
-    def _node_row(r: dict) -> dict:
+    def _node_row(r: dict, backend: str | None = None) -> dict:
+        """A node as a dict; `lang` is the language of its source (search/languages.py:
+        "triton", "cuda" or "cpu"; "pytorch" for the root, None before a proposal arrives),
+        read off the source against its task's backend."""
+        from kforge_tui.search.languages import language_of
+
         for k in _NODE_JSON:
             r[k] = _loads(r[k])
         if r["params"] is None:
             r["params"] = {}
         r["hand_written"] = bool(r["hand_written"])
         r.setdefault("worker", None)  # a store from before the column, opened read-only
+        r.pop("task_backend", None)
+        r["lang"] = "pytorch" if r["parent_id"] is None else (
+            language_of(r["source"], backend or "cuda") if r.get("source") else None)
         return r
+
+    _NODES_SQL = ("SELECT n.*, json_extract(t.task, '$.backend') AS task_backend FROM nodes n "
+                  "JOIN tasks t ON t.task_id = n.task_id")
 
     def nodes(self, task_id: str | None = None, *, since_seq: int = 0) -> list[dict]:
         if task_id is None:
-            rows = self._q("SELECT * FROM nodes WHERE seq > ? ORDER BY id", (since_seq,))
+            rows = self._q(self._NODES_SQL + " WHERE n.seq > ? ORDER BY n.id", (since_seq,))
         else:
-            rows = self._q("SELECT * FROM nodes WHERE task_id = ? AND seq > ? ORDER BY id",
+            rows = self._q(self._NODES_SQL + " WHERE n.task_id = ? AND n.seq > ? ORDER BY n.id",
                            (task_id, since_seq))
-        return [self._node_row(r) for r in rows]
+        return [self._node_row(r, r.get("task_backend")) for r in rows]
 
     def node(self, node_id: int) -> dict:
-        rows = self._q("SELECT * FROM nodes WHERE id = ?", (node_id,))
+        rows = self._q(self._NODES_SQL + " WHERE n.id = ?", (node_id,))
         if not rows:
             raise KeyError(f"no node {node_id} in {self.path}")
-        return self._node_row(rows[0])
+        return self._node_row(rows[0], rows[0].get("task_backend"))
 
     def max_seq(self) -> int:
         return int(self._q("SELECT value FROM meta WHERE key = 'seq'")[0]["value"])
 
     def pending_nodes(self) -> list[dict]:
-        return [self._node_row(r)
-                for r in self._q("SELECT * FROM nodes WHERE status = 'pending' ORDER BY id")]
+        return [self._node_row(r, r.get("task_backend"))
+                for r in self._q(self._NODES_SQL + " WHERE n.status = 'pending' ORDER BY n.id")]
 
     # ------------------------------------------------------------------ llm usage
 

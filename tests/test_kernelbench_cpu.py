@@ -31,8 +31,10 @@ def test_there_are_enough_problems_of_every_kind():
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
 def test_optimize_finds_a_verified_kernel_for_the_top_region(path, tmp_path):
     run_dir = tmp_path / "run"
+    # a bare GEMM has no headroom against torch.compile (the vendor's roofline): asked by name
+    ops = ["--ops", "matmul"] if path.stem == "matmul" else []
     p = kforge("optimize", path, "--device", "cpu", "--top", "1", "--budget", "3", "--parallel", "1",
-               "--headless", "--no-apply", "--run-dir", run_dir)
+               "--headless", "--no-apply", "--run-dir", run_dir, *ops)
     assert p.returncode == 0, f"{path.name}: exit {p.returncode}\n{p.stderr[-3000:]}"
     s = kforge("show", run_dir, "--json")
     assert s.returncode == 0, s.stderr

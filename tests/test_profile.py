@@ -25,12 +25,18 @@ def tiny_profile():
     return traced, profile_regions(lm, traced, compile_top=2, budget_s=0.05)
 
 
-def test_every_task_has_a_row_ranked_by_time(tiny_profile):
+def test_every_task_has_a_row_ranked_by_headroom(tiny_profile):
     traced, p = tiny_profile
     keys = {r.task_key for r in p.rows if r.target}
     assert keys == {r.task.key for r in traced.records.values()}
-    totals = [r.total_us for r in p.rows if r.target]
-    assert totals == sorted(totals, reverse=True)
+    rooms = [r.headroom_us for r in p.rows if r.target]
+    assert rooms == sorted(rooms, reverse=True)
+    for r in p.rows:
+        if r.target:
+            assert r.floor_us is not None and r.headroom_us >= 0
+            if r.compiled_us:
+                assert r.headroom_us == pytest.approx(max(0.0, r.compiled_us - r.floor_us) * r.calls) \
+                    or r.headroom_note  # at its floor, or a vendor GEMM
     # a share is over the forward, or over the regions' sum when they add up to more than it
     # (each timed alone carries its own call overhead; a busy machine): never above 100 %
     denom = max(p.total_us, sum(r.total_us for r in p.rows))
@@ -40,10 +46,13 @@ def test_every_task_has_a_row_ranked_by_time(tiny_profile):
 
 
 def test_heaviest_regions_are_also_timed_compiled(tiny_profile):
+    """The two heaviest by eager time that are not bare GEMMs (those are the vendor's)."""
     _, p = tiny_profile
-    targets = [r for r in p.rows if r.target]
+    targets = sorted((r for r in p.rows if r.target and "vendor" not in r.headroom_note),
+                     key=lambda r: -r.total_us)
     assert all(r.compiled_us and r.compiled_us > 0 for r in targets[:2])
     assert all(r.compiled_us is None for r in targets[2:])
+    assert all(r.compiled_us is None for r in p.rows if "vendor" in r.headroom_note)
 
 
 def test_rows_carry_the_model_source_line(tiny_profile):
@@ -58,6 +67,8 @@ def test_json_and_table(tiny_profile):
     assert d["rows"] and {"op", "kind", "source", "compiled_us", "share", "target"} <= set(d["rows"][0])
     text = format_profile(p, top=3)
     assert "region" in text and "compiled µs" in text and "top 3 of" in text
+    assert "headroom µs" in text and "floor µs" in text
+    assert {"floor_us", "headroom_us", "headroom_note", "compile_error"} <= set(d["rows"][0])
 
 
 def test_forward_error_is_a_usage_error():

@@ -444,10 +444,24 @@ def test_seed_variants_looped_and_cooperative_render():
 
 
 def test_unsupported_region_says_why():
-    task = task_of(lambda a, b: a @ b, (torch.randn(16, 16), torch.randn(16, 16)), backend="triton")
+    """A region Inductor hands to PyTorch's own kernel (a fallback) has no seed, and says so."""
+    task = task_of(lambda x: torch.histc(x, bins=8, min=0, max=7), (torch.randn(32),),
+                   backend="triton")
     with pytest.raises(inductor_seed.SeedUnsupported) as ei:
         inductor_seed.generate(task, "cpu")
-    assert "extern" in str(ei.value) or "library" in str(ei.value) or "Triton" in str(ei.value)
+    assert "aten.histc" in str(ei.value) and "fallback" in str(ei.value)
+
+
+def test_gemm_seed_is_the_library_call(tmp_path):
+    """Inductor's mm is a cuBLAS call: the seed makes the same call into the output buffer."""
+    task = task_of(lambda a, b: a @ b.t(), (torch.randn(16, 8), torch.randn(12, 8)), backend="triton")
+    seed = inductor_seed.generate(task, "cpu")
+    src = seed.render()
+    assert "torch.mm(" in src and "out=outputs[0]" in src and ".as_strided(" in src
+    assert triton_check.check_source(src).ok
+    e = load_run(task, src, tmp_path)
+    assert e.status == "ok", e.message
+    assert verify(task, e) is None
 
 
 @pytest.mark.parametrize("fixture", sorted(p.name for p in FIXTURES.glob("*.json")))
@@ -482,6 +496,7 @@ def test_prompt_for_triton_offers_inductor_kernel_and_python_abi():
     text = prompts.build_messages(ctx)[1]["content"]
     assert "Triton" in text and "```python" in text and "inputs[0] in0: float32 [33, 100]" in text
     assert "Starting point: torch.compile's own kernel" in text and "@triton.jit" in text
+    assert "## Inductor's config for its kernels" in text and "num_warps=" in text  # where tuning starts
     src, err = prompts.extract_code("idea\n```python\n" + HONEST + "```\n")
     assert err is None and "def kforge_launch" in src
     src, err = prompts.extract_code("```python\nkforge_launch(inputs, outputs)\n```")

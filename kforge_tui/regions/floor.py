@@ -83,3 +83,32 @@ def floor(task, bandwidth_gbs: float, peak_tflops: float | None = None) -> Floor
     return Floor(mem_us, "memory", b, f,
                  f"{b / 1e6:.3g} MB (inputs read once, outputs written once) at "
                  f"{bandwidth_gbs:.0f} GB/s (memory bound)")
+
+
+# A bare GEMM or convolution (the op and the views that feed it): what torch.compile hands to
+# the vendor library (cuBLAS, cuDNN; oneDNN/MKL on the cpu), which already runs at that
+# library's roofline. With an epilogue in the region (partition rule 2) it is not bare.
+VENDOR_OPS = {"mm": "GEMM", "addmm": "GEMM", "bmm": "GEMM", "baddbmm": "GEMM",
+              "convolution": "convolution", "_convolution": "convolution"}
+VIEW_OPS = {"view", "_unsafe_view", "reshape", "permute", "t", "transpose", "expand", "unsqueeze",
+            "squeeze", "alias", "slice", "select"}
+
+
+def vendor_op(task) -> str:
+    """"GEMM" / "convolution" when the region is that op alone (with the views feeding it),
+    else "": a bare vendor-library call."""
+    from kforge_tui.regions.graph import ops_of
+
+    ops = ops_of(task.graph)
+    main = [o for o in ops if o not in VIEW_OPS]
+    return VENDOR_OPS.get(main[0], "") if len(main) == 1 else ""
+
+
+def headroom(compiled_us: float | None, floor_us: float | None, calls: int) -> float:
+    """What a kernel could win over torch.compile in one forward: (compile - floor) x calls."""
+    if not compiled_us or calls <= 0:
+        return 0.0
+    return max(0.0, compiled_us - (floor_us or 0.0)) * calls
+
+
+AT_FLOOR = 1.1  # torch.compile within 10 % of the floor: nothing left to win

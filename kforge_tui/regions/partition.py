@@ -6,6 +6,13 @@ Rules (docs/ARCHITECTURE.md "Regions" states them for users):
   2. A *compute* op (anything that is not pointwise, a view or a reduction: convolution,
      mm/addmm/bmm, attention, pooling, embedding, index and scatter ops, ...) is a region of its
      own, together with the pure views that only feed it (the `permute` of a Linear weight).
+     A GEMM or convolution also takes its elementwise epilogue: the pointwise ops and reshapes
+     on its output that keep its element count and order (bias, activation, residual add,
+     scale, a folded inference batch_norm) and the small side chains of parameters they read
+     (the batch_norm's rsqrt(var + eps)), so `linear+gelu` or `conv+batch_norm+relu` is one
+     region, written once; a transpose ends the epilogue (RoPE on the heads of q stays its own
+     region), and ops that only feed a reduction chain go back to it (an RMSNorm's pow(2)).
+     On a GPU only (`epilogues_for`): on the cpu the vendor GEMM is far ahead of a generated one.
   3. Pointwise ops, views, factories of constants and reductions fuse into *chains*, the kind
      of group a fusing compiler turns into one kernel. A chain holds at most one *reduction
      domain* (reductions over the same input shape and dims, like softmax's amax and sum or
@@ -16,6 +23,9 @@ Rules (docs/ARCHITECTURE.md "Regions" states them for users):
      listed as skipped. So is a region whose every output is empty (zero elements: any kernel
      or pattern "matches" it) and a fused chain with no input at all (iota/arange arithmetic
      such as F.interpolate's indices: a constant).
+     A chain's trailing view that keeps every element (no slice, no expand) and feeds one other
+     region moves into that region, so a value three Linears read through three `view`s is one
+     output, and a view of an input is never an output.
   6. What cannot become a kernel is a region all the same, marked unsupported with the reason
      (random ops, in-place mutation of an input, complex or quantized dtypes, symbolic sizes,
      an input that overlaps itself in memory such as an expanded model input), so the profile
@@ -215,7 +225,7 @@ def _unsupported_reason(node: fx.Node, cat: str) -> str:
 # ---------------------------------------------------------------------- grouping
 
 class _Group:
-    __slots__ = ("id", "members", "fusible", "domain", "mask", "anc", "reduction_done")
+    __slots__ = ("id", "members", "fusible", "domain", "mask", "anc", "reduction_done", "epilogue")
 
     def __init__(self, gid: int, fusible: bool):
         self.id = gid
@@ -224,6 +234,22 @@ class _Group:
         self.domain = None
         self.mask = 0  # bit set of member indices
         self.anc = 0  # bit set of ancestors of the members (members included)
+        self.epilogue = 0  # a GEMM/conv group: its output's numel, which its epilogue keeps
+
+
+def epilogues_for(node: fx.Node) -> bool:
+    """Whether a GEMM/conv takes its epilogue into its region (rule 2): on a GPU, where one
+    kernel writing the activated tile beats the library GEMM plus a pass over its output. On
+    the cpu the library (oneDNN/MKL) is far ahead of a generated GEMM, so the epilogue stays a
+    region of its own that a cpu kernel can win on. KFORGE_EPILOGUES=1 / =0 forces it either way
+    (tests of the GPU partition on a cpu)."""
+    import os
+
+    force = os.environ.get("KFORGE_EPILOGUES", "")
+    if force in ("0", "1"):
+        return force == "1"
+    v = _val(node)
+    return isinstance(v, torch.Tensor) and v.device.type == "cuda"
 
 
 def partition(gm: fx.GraphModule) -> Partition:
@@ -303,7 +329,9 @@ def partition(gm: fx.GraphModule) -> Partition:
                 new_group(n, False)
             continue
         if reasons[n] or cat in ("compute", "random", "mutation"):
-            new_group(n, False)
+            g = new_group(n, False)
+            if not reasons[n] and n.target in EPILOGUE_HOSTS and epilogues_for(n):
+                g.epilogue = _numel(n) or 0
             continue
         dom = reduction_domain(n) if cat == "reduction" else None
         g = new_group(n, True)
@@ -314,6 +342,19 @@ def partition(gm: fx.GraphModule) -> Partition:
             if p is not None and p is not g and p not in producers:
                 producers.append(p)
         producers.sort(key=lambda p: -max(idx[m] for m in p.members))
+        host = next((p for p in producers if p.epilogue and p.members
+                     and (cat == "pointwise" or n.target in _RESHAPES)
+                     and _numel(n) == p.epilogue and not creates_cycle(p, g)), None)
+        if host is not None:  # rule 2: a GEMM/conv's elementwise epilogue joins it
+            merge(host, g)
+            for p in producers:  # and the side chains it reads (a folded batch_norm's rsqrt(var + eps))
+                if p is not host and p.members and p.fusible and p.domain is None \
+                        and all(cats[m] in ("pointwise", "view") for m in p.members) \
+                        and all((_numel(m) or 0) <= host.epilogue for m in p.members) \
+                        and not creates_cycle(host, p):
+                    merge(host, p)
+            host.members.sort(key=lambda m: idx[m])
+            continue
         for p in producers:
             if not p.members or not compatible(p, n, g.domain):
                 continue
@@ -339,6 +380,9 @@ def partition(gm: fx.GraphModule) -> Partition:
                     merge(c, g)
                     c.members.sort(key=lambda m: idx[m])
 
+    _move_edge_views(groups, group_of, cats, idx)
+    _return_prologues(groups, group_of, cats, idx)
+
     out = Partition([])
     for g in sorted((g for g in groups if g.members), key=lambda g: min(idx[m] for m in g.members)):
         g.members.sort(key=lambda m: idx[m])
@@ -362,6 +406,91 @@ def partition(gm: fx.GraphModule) -> Partition:
     return out
 
 
+_EXPANDS = {_aten.expand.default, _aten.expand_copy.default}
+# Views that keep the row-major order of the elements (an epilogue stays on the GEMM's own
+# element order through them; a transpose, slice or expand ends the epilogue).
+_RESHAPES = {_aten.view.default, _aten._unsafe_view.default, _aten.reshape.default,
+             _aten.unsqueeze.default, _aten.squeeze.dim, _aten.squeeze.dims, _aten.squeeze.default,
+             _aten.alias.default}
+# Compute ops whose elementwise epilogue (bias, activation, residual, scale, a folded inference
+# batch_norm) belongs in their region: a GEMM or convolution kernel applies it to its output
+# tile before the one write (cuBLASLt epilogues, cuDNN fused conv, a generated kernel).
+EPILOGUE_HOSTS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,
+                  _aten.convolution.default}
+
+
+def _move_edge_views(groups, group_of, cats, idx) -> None:
+    """A chain's trailing view that only feeds one other region moves into that region.
+
+    Views fuse into the chain that produces their input, so a value the chain hands to three
+    Linears as three `view`s would leave as three outputs holding the same elements (each one
+    written by the kernel), and a permuted model input seen only by the next region would be an
+    output that is a copy of an input. A view that keeps every element (no slice, no expand)
+    costs nothing on either side of the edge: it goes to its consumer, and the chain's output
+    is the value itself, once."""
+    moved = set()
+    changed = True
+    while changed:
+        changed = False
+        for g in groups:
+            if not (g.fusible or g.epilogue) or not g.members \
+                    or all(cats[m] in ("view", "getitem") for m in g.members):
+                continue  # chains and GEMM/conv epilogues hand their trailing views on
+            for m in sorted(g.members, key=lambda m: -idx[m]):
+                if cats[m] != "view" or m.target in _EXPANDS or not m.users:
+                    continue
+                src = m.args[0] if m.args else None
+                if _numel(m) is None or _numel(m) != _numel(src):
+                    continue
+                if any(u not in group_of for u in m.users):
+                    continue  # a graph output
+                dest = {group_of[u] for u in m.users}
+                if len(dest) != 1:
+                    continue
+                c = dest.pop()
+                if c is g:
+                    continue
+                g.members.remove(m)
+                c.members.append(m)
+                group_of[m] = c
+                moved.add(c)
+                changed = True
+    for c in moved:
+        c.members.sort(key=lambda m: idx[m])
+
+
+def _return_prologues(groups, group_of, cats, idx) -> None:
+    """An epilogue's trailing ops that only feed one reduction chain go back to that chain: the
+    `pow(2)` of an RMSNorm right after a residual add would otherwise end the GEMM's epilogue
+    and leave the norm without its prologue (and its pattern)."""
+    moved = set()
+    for g in groups:
+        if not g.epilogue or not g.members:
+            continue
+        changed = True
+        while changed:
+            changed = False
+            for m in sorted(g.members, key=lambda m: -idx[m]):
+                if cats[m] not in ("pointwise", "view") or not m.users \
+                        or any(u not in group_of for u in m.users):
+                    continue
+                dest = {group_of[u] for u in m.users}
+                if len(dest) != 1:
+                    continue
+                c = dest.pop()
+                if c is g or not c.fusible or c.domain is None:
+                    continue
+                if (_numel(m) or 0) > _domain_numels(c.domain)[0]:
+                    continue
+                g.members.remove(m)
+                c.members.append(m)
+                group_of[m] = c
+                moved.add(c)
+                changed = True
+    for c in moved:
+        c.members.sort(key=lambda m: idx[m])
+
+
 def _lowbit(mask: int) -> int:
     return (mask & -mask).bit_length() - 1
 
@@ -381,10 +510,17 @@ def _spec(g: _Group, cats, reasons, idx) -> RegionSpec | None:
     has_red = any(cats[m] == "reduction" for m in g.members)
     if not g.fusible:
         kind = "compute"
-        main = next((m for m in g.members if cats[m] not in ("view", "getitem")), g.members[0])
+        main = next((m for m in g.members if cats[m] == "compute"),
+                    next((m for m in g.members if cats[m] not in ("view", "getitem")), g.members[0]))
         label = FRIENDLY.get(short_name(main.target), short_name(main.target))
         if label == "matmul" and _semantic_name(main) == "linear":
             label = "linear"  # a Linear without bias is an mm (with it, addmm)
+        epi = list(dict.fromkeys(_semantic_name(m) for m in g.members if m is not main
+                                 and cats[m] in ("pointwise", "source")
+                                 and short_name(m.target) not in _LABEL_SKIP))
+        epi = [e for e in epi if e != label]
+        if epi:  # a GEMM/conv with its epilogue: `linear+gelu`, `conv+batch_norm+relu`
+            label += "+" + "+".join(epi[:2]) + ("+…" if len(epi) > 2 else "")
     else:
         kind = "reduction" if has_red else "pointwise"
         uniq = list(dict.fromkeys(_semantic_name(m) for m in g.members

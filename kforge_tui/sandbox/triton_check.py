@@ -35,6 +35,14 @@ AST (Python's own parser: exact, no regexes), written against classes of trick:
                  `torch.zeros`) as a top-level statement of `kforge_launch`, with literal sizes,
                  so its bytes are known before the candidate runs (`TritonReport.scratch_bytes`).
                  It comes from PyTorch's stream-ordered caching allocator on the harness stream.
+  libraries      a vendor GEMM, as a top-level statement of `kforge_launch` writing into a
+                 given buffer: `torch.mm(a, b, out=o)` (also addmm, bmm, baddbmm; cuBLAS on a
+                 GPU), and the two ops Inductor hands to PyTorch in MoE routing (topk, sort:
+                 `torch.topk(x, k, out=(values, indices))`). A region whose GEMM Inductor hands to the library (a Linear with its
+                 epilogue) is started from that call plus Inductor's Triton epilogue, as
+                 torch.compile runs it; the CUDA backend admits cuBLASLt the same way
+                 (sandbox/compile.py). Operands may be viewed with `.as_strided(size, stride)`
+                 (a weight's transpose); PyTorch bounds-checks a view against its storage.
   no try/with    a launcher has no exception to handle; a `try` could swallow the harness's own
                  checks (the runtime guard of sandbox/triton_loader.py also records, not only
                  raises).
@@ -91,6 +99,9 @@ _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2
                 "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
                 "uint16": 2, "uint32": 4, "uint64": 8}
 SCRATCH_FUNCS = {"empty", "empty_strided", "zeros"}
+# vendor GEMMs, and the PyTorch ops Inductor itself falls back to (MoE top-k), into given
+# buffers (out=)
+LIBRARY_FUNCS = {"mm", "addmm", "bmm", "baddbmm", "topk", "sort"}
 
 _DECORATORS = {"jit", "autotune", "heuristics"}
 
@@ -115,7 +126,7 @@ _FORBIDDEN_BUILTINS = {
 
 # What host code may do with a tensor (or any non-module value).
 HOST_METHODS = {"data_ptr", "stride", "numel", "size", "dim", "element_size", "is_contiguous",
-                "zero_", "fill_"}
+                "zero_", "fill_", "as_strided"}
 HOST_ATTRS = {"shape", "dtype", "device", "ndim", "itemsize", "index", "type"} | HOST_METHODS
 _HOST_BUILTINS_OK = {"range", "len", "min", "max", "abs", "int", "float", "bool", "tuple",
                      "enumerate", "zip", "isinstance", "divmod", "round", "all", "any", "sum",
@@ -482,6 +493,10 @@ class _Checker:
         top_scratch: set[int] = set()
         if is_entry:
             for st in fn.body:
+                if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) \
+                        and self._torch_fn(st.value.func) in LIBRARY_FUNCS \
+                        and any(k.arg == "out" for k in st.value.keywords):
+                    top_scratch.add(id(st.value))  # a library call into a buffer
                 if isinstance(st, (ast.Assign, ast.AnnAssign)) and isinstance(st.value, ast.Call) \
                         and self._torch_fn(st.value.func) in SCRATCH_FUNCS:
                     tgts = st.targets if isinstance(st, ast.Assign) else [st.target]
@@ -536,6 +551,11 @@ class _Checker:
     def check_host_call(self, call: ast.Call, top_scratch: set[int], decorator: bool = False) -> None:
         f = call.func
         tfn = self._torch_fn(f)
+        if tfn in LIBRARY_FUNCS:
+            if id(call) not in top_scratch:
+                self.add(call, f"`torch.{tfn}` must be a top-level statement of {ENTRY} writing "
+                         f"into a buffer: `torch.{tfn}(..., out=outputs[0])`", "library")
+            return
         if tfn in SCRATCH_FUNCS:
             if id(call) not in top_scratch:
                 self.add(call, f"`torch.{tfn}` must be a top-level statement of {ENTRY} of the form "
@@ -631,7 +651,8 @@ def _module_path_problem(path: list[str]) -> str | None:
     if head == "math":
         return None if len(path) == 2 else "only math.<function or constant>"
     if head == "torch":
-        if len(path) == 2 and (path[1] in _TORCH_DTYPES or path[1] in SCRATCH_FUNCS):
+        if len(path) == 2 and (path[1] in _TORCH_DTYPES or path[1] in SCRATCH_FUNCS
+                               or path[1] in LIBRARY_FUNCS):
             return None
         if len(path) == 3 and path[1] in _TORCH_DTYPES and path[2] in ("itemsize", "is_floating_point"):
             return None

@@ -111,3 +111,57 @@ def designs_for(task: Task) -> list:
         except Exception:  # a generator that cannot read this graph offers nothing
             continue
     return out
+
+
+@dataclass(frozen=True)
+class InLanguage:
+    """A design of another kernel language than the task's ABI one (an `auto` run's Triton
+    seed on a cuda task), bound to the task as that language sees it: its defaults, validity
+    and renders are the language's own, whatever task object the proposer hands it."""
+
+    design: object
+    task: Task
+
+    @property
+    def name(self) -> str:
+        return self.design.name
+
+    @property
+    def backend(self) -> str:
+        return self.design.backend
+
+    @property
+    def space(self) -> dict:
+        return self.design.space
+
+    @property
+    def op(self) -> str:
+        return self.design.op
+
+    def default(self, task: Task) -> dict:
+        return self.design.default(self.task)
+
+    def valid(self, task: Task, params: dict) -> bool:
+        return self.design.valid(self.task, params)
+
+    def render(self, task: Task, params: dict) -> str:
+        return self.design.render(self.task, params)
+
+    def extent(self, task: Task) -> tuple[int, int]:
+        return self.design.extent(self.task)
+
+
+def designs_in(task: Task, languages) -> list:
+    """Every design of every language searched (search/languages.py), in the languages' order
+    (an `auto` run: Inductor's Triton variants, then the CUDA families and generated kernels);
+    a name already offered by an earlier language is not offered again."""
+    out, seen = [], set()
+    for lang in list(languages or ()) or [task.backend]:
+        t = task.with_backend(lang)
+        for d in designs_for(t):
+            if d.name in seen:
+                continue
+            seen.add(d.name)
+            out.append(d if lang == task.backend else InLanguage(d, t))
+    return out
+

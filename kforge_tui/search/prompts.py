@@ -72,6 +72,9 @@ RULES_TRITON = [
     "Scratch memory only as top-level statements of kforge_launch with literal sizes: "
     "`buf = torch.empty_strided((n0, n1), (s0, s1), dtype=torch.float32, "
     "device=outputs[0].device)` (or torch.empty / torch.zeros).",
+    "A GEMM may be a vendor-library call, as a top-level statement writing into a given buffer: "
+    "`torch.mm(a, b, out=buf)` (also torch.addmm / torch.bmm / torch.baddbmm; operands viewed "
+    "with `.as_strided(size, stride)`); the rest of the region is your kernels.",
     "No module-level state: module-level code is imports, functions and constants "
     "(`BLOCK: tl.constexpr = 1024`, literals, tuples); no lists/dicts at module level, no "
     "`global`, no attributes stored on functions or kernels, no mutable default arguments, no "
@@ -104,9 +107,56 @@ def _inductor_start(task: dict) -> str | None:
         from kforge_tui.regions.task import Task
         from kforge_tui.search import inductor_seed
 
-        return inductor_seed.seed_source(Task.from_json(task))
+        return inductor_seed.seed_source(Task.from_json(dict(task, backend="triton")))
     except Exception:
         return None
+
+
+def _inductor_config(task: dict) -> str:
+    """Inductor's launch config of each seed kernel (the autotuner's choice on a GPU, else its
+    first heuristic config) and the candidates it had: where a tuning move starts."""
+    try:
+        from kforge_tui.regions.task import Task
+        from kforge_tui.search import inductor_seed
+
+        seed = inductor_seed.seed_for(Task.from_json(dict(task, backend="triton")))
+    except Exception:
+        return ""
+    if seed is None:
+        return ""
+
+    def cfg(c: dict) -> str:
+        kw = ", ".join(f"{k}={v}" for k, v in sorted((c.get("kwargs") or {}).items()))
+        return f"{kw + ', ' if kw else ''}num_warps={c.get('num_warps')}, num_stages={c.get('num_stages')}"
+
+    lines = []
+    for k in seed.kernels.values():
+        if k.generated:
+            continue
+        how = "autotuned on the GPU" if k.chosen else "Inductor's first heuristic config"
+        lines.append(f"- `{k.name}` ({k.kind}, {k.grid_type}): {cfg(k.default_config)} ({how})")
+        others = [cfg(c) for c in k.configs if c != k.default_config][:4]
+        if others:
+            lines.append("  other configs Inductor considered: " + "; ".join(others))
+    for lib in seed.libraries:
+        lines.append(f"- a `torch.{lib}` library call (cuBLAS on the GPU) for the GEMM")
+    return "\n".join(lines)
+
+
+def prompt_language(ctx: ProposalContext) -> str:
+    """The language this proposal is written in: the parent's (improving Inductor's Triton seed
+    in an `auto` run stays Triton), Triton for a first kernel when the run searches it and
+    Inductor's kernel exists, else the task's backend."""
+    from kforge_tui.search.languages import language_of
+
+    task_b = ctx.task.get("backend", ctx.device.get("backend", "cuda"))
+    langs = list(ctx.languages or [])
+    if ctx.parent.source:
+        lang = language_of(ctx.parent.source, task_b)
+        return lang if lang == task_b or lang in langs else task_b
+    if "triton" in langs and task_b != "triton" and _inductor_start(ctx.task):
+        return "triton"
+    return task_b
 
 
 def _fmt_us(x: float | None) -> str:
@@ -192,7 +242,7 @@ def _resources(r: dict) -> str:
 
 def build_messages(ctx: ProposalContext) -> list[dict]:
     """System + user messages for one proposal (mode root / improve / repair)."""
-    backend = ctx.task.get("backend", ctx.device.get("backend", "cuda"))
+    backend = prompt_language(ctx)
     lang, fence = _lang(backend)
     extra = (", cuda_runtime.h, cuda_fp16.h, cuda_bf16.h, cooperative_groups, cub block "
              "primitives" if backend == "cuda" else ", omp.h, immintrin.h")
@@ -268,6 +318,10 @@ def build_messages(ctx: ProposalContext) -> list[dict]:
                        f"```python\n{_cut(start.rstrip(), MAX_SOURCE_CHARS)}\n```\n")
             ask = ("Write a kernel that beats the starting point above; name what limits it "
                    "against the floor and change that.")
+    if backend == "triton" and (not p.source or p.action.startswith("seed:")):
+        conf = _inductor_config(ctx.task)
+        if conf:
+            out.append("## Inductor's config for its kernels (where tuning starts)\n" + conf + "\n")
     if ctx.ancestors:
         chain = [a for a in ctx.ancestors if a.source]
         if chain:

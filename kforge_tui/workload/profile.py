@@ -5,8 +5,16 @@ inputs twice, in this process and on the model's device: eager (its aten ops one
 region's own graph run by PyTorch) and compiled (torch.compile of the region alone, for the
 heaviest regions). A task's time in the forward is its eager time times its calls; its share is
 that over the eager forward, timed the same way (over the sum of the regions' times when that
-is larger: each region timed alone carries its own call overhead, so shares never pass 100 %). Rows are ranked by that time. Unsupported
-regions are listed with their reason, never dropped.
+is larger: each region timed alone carries its own call overhead, so shares never pass 100 %).
+Unsupported regions are listed with their reason, never dropped; a region Inductor cannot
+compile says why (`compile_error`).
+
+Rows are ranked by headroom against torch.compile, not by share: (compiled - floor) x calls,
+what a kernel could still win in one forward (issue 27). A region already at its floor, or a
+bare GEMM/convolution (the vendor library, at its roofline), has none; where torch.compile was
+not timed, the headroom is estimated from eager time and the median compiled/eager ratio of the
+regions that were. The floor is bytes (and FLOPs) over this machine's copy bandwidth and
+torch.mm rate (regions/floor.py), measured once per process.
 
 Timing here is the profile's ranking, not a verdict: candidates are timed again in the sandbox,
 side by side with eager and torch.compile (sandbox/bench.py).
@@ -20,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kforge_tui.regions.floor import vendor_op
 from kforge_tui.regions.graph import to_graph_module
 from kforge_tui.regions.meta import storage_span, torch_dtype
 
@@ -43,15 +52,23 @@ class ProfileRow:
     module: str = ""
     task_key: str = ""
     reason: str = ""  # why it is not a target
+    floor_us: float | None = None  # bytes (and FLOPs) over this machine's rates, per call
+    # what a kernel could win over torch.compile in one forward: (compiled - floor) x calls;
+    # 0 for a region at its floor or a bare GEMM/conv (the vendor library's roofline)
+    headroom_us: float = 0.0
+    headroom_note: str = ""  # "estimated" (compile not timed), "vendor GEMM, at its roofline", "at its floor"
+    compile_error: str = ""  # why Inductor could not compile the region, when it could not
 
     def to_json(self) -> dict:
+        r = lambda x: None if x is None else round(x, 3)  # noqa: E731
         return {"op": self.op, "aten": self.aten, "shapes": self.shapes, "dtype": self.dtype,
                 "calls": self.calls, "total_us": round(self.total_us, 3),
                 "mean_us": round(self.mean_us, 3), "share": round(self.share, 6),
-                "target": self.target, "kind": self.kind,
-                "compiled_us": None if self.compiled_us is None else round(self.compiled_us, 3),
+                "target": self.target, "kind": self.kind, "compiled_us": r(self.compiled_us),
                 "source": self.source, "module": self.module, "task_key": self.task_key,
-                "reason": self.reason}
+                "reason": self.reason, "floor_us": r(self.floor_us),
+                "headroom_us": round(self.headroom_us, 3), "headroom_note": self.headroom_note,
+                "compile_error": self.compile_error}
 
 
 @dataclass
@@ -160,16 +177,24 @@ def profile_regions(loaded, traced, *, compile_top: int = 5, budget_s: float = 0
         for r in rows:
             r.share = r.total_us / summed
     notes = []
-    for row in [r for r in rows if r.target][:max(0, compile_top)]:
+    tasks = {r.task.key: r.task for r in records}
+    # torch.compile of the heaviest regions alone (bare GEMMs/convs are the vendor's: skipped)
+    heavy = [r for r in rows if r.target and not vendor_op(tasks[r.task_key])]
+    for row in heavy[:max(0, compile_top)]:
         gm, ins = gms[row.task_key]
         try:
             fn = torch.compile(gm, dynamic=False)
             with torch.inference_mode():
                 row.compiled_us = timer(lambda: fn(*ins), budget_s=budget_s)
-        except Exception as e:  # Inductor unavailable (no C++ compiler, ...): say it once
-            msg = f"torch.compile of a region failed: {str(e).splitlines()[0][:160] if str(e) else type(e).__name__}"
+        except Exception as e:  # Inductor unavailable (no C++ compiler, ...): said per row and once
+            why = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+            row.compile_error = why
+            msg = f"torch.compile of a region failed: {why}"
             if msg not in notes:
                 notes.append(msg)
+    _headroom(rows, tasks, device)
+    order = {id(r): k for k, r in enumerate(rows)}
+    rows.sort(key=lambda r: (not r.target, -r.headroom_us, order[id(r)]))
     for u in traced.unsupported:
         rows.append(ProfileRow(op=u.label, aten="", shapes=[], dtype="", calls=u.calls, total_us=0.0,
                                mean_us=0.0, share=0.0, target=False, kind="unsupported",
@@ -190,6 +215,103 @@ def profile_regions(loaded, traced, *, compile_top: int = 5, budget_s: float = 0
     if not any(r.target for r in rows):
         notes.append("no region kforge can write a kernel for")
     return Profile(rows=rows, total_us=fwd, device=device, iters=1, notes=notes)
+
+
+def _headroom(rows: list[ProfileRow], tasks: dict, device: str) -> None:
+    """Each target row's floor and headroom against torch.compile (regions/floor.py). A row
+    whose compiled time was not measured is estimated from its eager time and the median
+    compiled/eager ratio of the rows that were (marked "estimated")."""
+    import math
+
+    from kforge_tui.regions import floor as F
+
+    ratios = sorted(r.compiled_us / r.mean_us for r in rows if r.target and r.compiled_us and r.mean_us)
+    ratio = ratios[len(ratios) // 2] if ratios else 1.0
+    bw, peaks = machine_rates(device), {}
+    for r in rows:
+        t = tasks.get(r.task_key)
+        if not r.target or t is None:
+            continue
+        if F.flops(t) and t.dtype not in peaks:
+            peaks[t.dtype] = peak_tflops(device, t.dtype)
+        fl = F.floor(t, bw, peaks.get(t.dtype))
+        r.floor_us = fl.us
+        vendor = F.vendor_op(t)
+        if vendor:
+            r.headroom_us, r.headroom_note = 0.0, f"vendor {vendor}, at its roofline"
+            continue
+        compiled = r.compiled_us if r.compiled_us else r.mean_us * ratio
+        r.headroom_us = F.headroom(compiled, fl.us, r.calls)
+        if compiled <= F.AT_FLOOR * fl.us:
+            r.headroom_us, r.headroom_note = 0.0, "at its floor"
+        elif not r.compiled_us:
+            r.headroom_note = "estimated"
+        if not math.isfinite(r.headroom_us):
+            r.headroom_us = 0.0
+
+
+_RATES: dict = {}
+
+
+def machine_rates(device: str) -> float:
+    """Copy bandwidth of this machine in GB/s (read + write bytes of a large copy, best of 5),
+    measured once per process: the profile's floor (the sandbox measures its own)."""
+    key = ("bw", str(device))
+    if key not in _RATES:
+        cuda = str(device).startswith("cuda")
+        n = (2**28 if cuda else 2**24)  # float32: 1 GiB on a GPU, 64 MiB on the cpu
+        src = torch.ones(n, device=device)
+        dst = torch.empty_like(src)
+        best = 0.0
+        for _ in range(5):
+            if cuda:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                dst.copy_(src)
+                b.record()
+                b.synchronize()
+                s = a.elapsed_time(b) / 1e3
+            else:
+                t0 = time.perf_counter()
+                dst.copy_(src)
+                s = time.perf_counter() - t0
+            best = max(best, 2 * n * 4 / max(s, 1e-9) / 1e9)
+        _RATES[key] = best
+    return _RATES[key]
+
+
+def peak_tflops(device: str, dtype: str) -> float | None:
+    """The matrix rate torch.mm reaches here in `dtype` (a square product, best of 3): the
+    vendor library's roofline, what a GEMM's compute floor is measured against."""
+    key = ("mm", str(device), dtype)
+    if key not in _RATES:
+        cuda = str(device).startswith("cuda")
+        dt = torch_dtype(dtype) if dtype in ("float32", "float16", "bfloat16", "float64") else torch.float32
+        if not cuda and dt in (torch.float16, torch.bfloat16):
+            dt = torch.float32
+        n = 8192 if cuda else 512
+        try:
+            a = torch.randn(n, n, device=device).to(dt)
+            b = torch.randn(n, n, device=device).to(dt)
+            torch.mm(a, b)
+            best = 0.0
+            for _ in range(3):
+                if cuda:
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    torch.mm(a, b)
+                    e1.record()
+                    e1.synchronize()
+                    s = e0.elapsed_time(e1) / 1e3
+                else:
+                    t0 = time.perf_counter()
+                    torch.mm(a, b)
+                    s = time.perf_counter() - t0
+                best = max(best, 2 * n ** 3 / max(s, 1e-9) / 1e12)
+            _RATES[key] = best
+        except Exception:  # noqa: BLE001 - no compute floor rather than no profile
+            _RATES[key] = None
+    return _RATES[key]
 
 
 def _count(pairs) -> list[tuple[str, str]]:
@@ -219,16 +341,23 @@ def format_profile(profile: Profile, top: int | None = None) -> str:
     rows = profile.rows[:top] if top else profile.rows
     unit = "device" if profile.device.startswith("cuda") else "CPU"
     header = ("", "region", "kind", "shapes", "dtype", "calls", "total µs", "mean µs", "compiled µs",
-              "share", "source")
+              "floor µs", "headroom µs", "share", "source")
     table = [header]
     for r in rows:
-        comp = f"{r.compiled_us:.1f}" if r.compiled_us is not None else "-"
+        comp = f"{r.compiled_us:.1f}" if r.compiled_us is not None else \
+            ("failed" if r.compile_error else "-")
         src = r.source if r.target else f"{r.reason} ({r.source})" if r.source else r.reason
+        if r.compile_error:
+            src = f"Inductor: {r.compile_error} ({src})"
+        fl = f"{r.floor_us:.1f}" if r.floor_us is not None else "-"
+        hr = "-" if not r.target else f"{'~' if r.headroom_note == 'estimated' else ''}{r.headroom_us:.1f}"
+        if r.target and r.headroom_note and r.headroom_note != "estimated":
+            hr = f"0 ({r.headroom_note})"
         table.append(("*" if r.target else "", r.op, r.kind, _fmt_shapes(r.shapes), r.dtype,
-                      str(r.calls), f"{r.total_us:.1f}", f"{r.mean_us:.1f}", comp,
+                      str(r.calls), f"{r.total_us:.1f}", f"{r.mean_us:.1f}", comp, fl, hr,
                       f"{100 * r.share:.1f}%", src[:70]))
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    right = {5, 6, 7, 8, 9}
+    right = {5, 6, 7, 8, 9, 10, 11}
     lines = []
     for row in table:
         cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
@@ -238,6 +367,8 @@ def format_profile(profile: Profile, top: int | None = None) -> str:
         else f"{len(rows)} rows"
     lines.append("")
     lines.append(f"forward: {profile.total_us / 1000:.3f} ms {unit} time on {profile.device} (eager, "
-                 f"median); {shown}; * = kernel target; compiled = torch.compile of the region alone")
+                 f"median); {shown}; * = kernel target; compiled = torch.compile of the region alone; "
+                 "headroom = (compiled - floor) x calls, what a kernel could win over torch.compile "
+                 "(~ estimated from eager); rows ranked by it")
     lines.extend(profile.notes)
     return "\n".join(lines)

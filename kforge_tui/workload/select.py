@@ -1,5 +1,10 @@
 """Which regions to optimise: `--ops` names and `--top N`, over the profile's ranking.
 
+With a profile, regions are ranked by headroom against torch.compile ((compiled - floor) x calls,
+workload/profile.py), not by their share of eager time: the budget goes where something can be
+won. A region with none (at its floor, or a bare GEMM/conv at the vendor library's roofline) is
+searched only when `--ops` names it.
+
 A name selects a region when it is the region's label (`softmax`, `conv`, `gelu+layer_norm`), its
 pattern, its kind (`pointwise`, `reduction`, `compute`, or `fused` for both chain kinds), one of
 the torch functions or modules the model called in it (`softmax`, `batch_norm`), one of the aten
@@ -24,9 +29,16 @@ def matches(task: Task, name: str) -> bool:
             or n in ops or n in task.op.lower().split("+"))
 
 
-def select(tasks: list[Task], ops: list[str] | None, top: int | None) -> list[Task]:
-    """Tasks ranked by their time in the forward, filtered by `ops`, capped at `top`."""
-    ranked = sorted(tasks, key=lambda t: (t.total_us, t.share, t.calls), reverse=True)
+def select(tasks: list[Task], ops: list[str] | None, top: int | None, profile=None) -> list[Task]:
+    """Tasks ranked by headroom (with a profile; else by their time in the forward), filtered
+    by `ops`, capped at `top`; without `ops`, regions with no headroom are left out."""
+    rows = {r.task_key: r for r in profile.rows} if profile is not None else None
+
+    def room(t: Task) -> float:
+        r = rows.get(t.key) if rows is not None else None
+        return r.headroom_us if r is not None else 0.0
+
+    ranked = sorted(tasks, key=lambda t: (room(t), t.total_us, t.share, t.calls), reverse=True)
     if ops:
         unknown = [o for o in ops if not any(matches(t, o) for t in ranked)]
         if unknown:
@@ -34,4 +46,26 @@ def select(tasks: list[Task], ops: list[str] | None, top: int | None) -> list[Ta
             raise UsageError(f"no region matches {', '.join(unknown)}; this model has: "
                              f"{', '.join(have[:30])}{' …' if len(have) > 30 else ''}")
         ranked = [t for t in ranked if any(matches(t, o) for o in ops)]
+    elif rows is not None:
+        searched = [t for t in ranked if room(t) > 0]
+        if ranked and not searched:
+            why = sorted({(rows[t.key].headroom_note or "no headroom") for t in ranked if t.key in rows})
+            names = list(dict.fromkeys(t.op for t in ranked))
+            raise UsageError("no region has headroom against torch.compile ("
+                             + "; ".join(why[:4]) + "); name one with --ops to search it anyway "
+                             f"(--ops {names[0]}; this model has: {', '.join(names[:10])}"
+                             f"{' …' if len(names) > 10 else ''})")
+        ranked = searched
     return ranked[:top] if top else ranked
+
+
+def check_ops(tasks, ops: list[str]) -> None:
+    """`--ops` against the regions the capture found, before the profile times them; the
+    names offered are all typeable (a label cut with `…` is offered as its parts)."""
+    unknown = [o for o in ops if not any(matches(t, o) for t in tasks)]
+    if unknown:
+        names = {t.kind for t in tasks}
+        for t in tasks:
+            names.update(p for p in t.op.split("+") if p != "…") if "…" in t.op else names.add(t.op)
+        raise UsageError(f"--ops: no region matches {', '.join(unknown)}; this model has: "
+                         f"{', '.join(sorted(names))}")

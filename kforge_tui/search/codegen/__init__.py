@@ -25,7 +25,7 @@ import threading
 from typing import Callable
 
 # in this order: designs_for lists generated designs in it
-GENERATOR_MODULES = ("pointwise", "rows", "compute", "pool", "triton_seed")
+GENERATOR_MODULES = ("pointwise", "rows", "compute", "pool", "topk", "triton_seed")
 
 _generators: list[Callable] | None = None
 _lock = threading.Lock()

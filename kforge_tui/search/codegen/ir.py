@@ -12,7 +12,9 @@ strides and dtype, and classifies each node:
   * op         a pointwise op: a C expression of its operands (PyTorch semantics: type promotion,
                16-bit results rounded after every op like eager, NaN-propagating min/max/clamp);
   * red        a component of a reduction (sum, mean, amax/amin, max/min(.dim), argmax/argmin,
-               prod, any/all, var/std(_mean)); kernels read it through a hook for the current row.
+               prod, any/all, var/std(_mean)); kernels read it through a hook for the current row;
+  * ext        the result of an op the kernel computes itself (`Region(task, external=...)`: a
+               GEMM whose epilogue this region is), read through a hook at its element.
 
 `Emitter` turns values at symbolic indices into C statements, hoisting every statement to the
 outermost open scope whose loop variables it uses (so per-row values leave the inner loop), with
@@ -146,8 +148,9 @@ def _norm_dim(d: int, n: int) -> int:
 class Region:
     """The analysed region graph of one task (see the module docstring)."""
 
-    def __init__(self, task):
+    def __init__(self, task, external: frozenset = frozenset()):
         self.task = task
+        self.external = frozenset(external)
         g = task.graph
         if any(not m.present for m in task.inputs):
             raise Unsupported("an absent (None) input")
@@ -234,6 +237,9 @@ class Region:
         op = packet.split(".")[1]
         if packet.startswith("aten.") and op in _RED:
             self._reduction(name, target, op, a, meta, shape, stride, dt)
+            return
+        if target in self.external and isinstance(meta, torch.Tensor):
+            self.vals[name] = Val(name, "ext", shape, stride, dt, target, a)
             return
         if target in ("aten.copy.default", "aten.copy_.default"):
             a = {"self": a["src"], "_shape_of": a["self"]}
@@ -557,6 +563,7 @@ class Emitter:
         # hooks set by kernel builders
         self.load = None  # (emitter, val: Val, offset: Form) -> C expr (compute type)
         self.red_value = None  # (emitter, val: Val, idx) -> C expr (compute type of val.dtype)
+        self.ext_value = None  # (emitter, val: Val, idx) -> C expr: an `ext` value at idx
 
     def fresh(self, prefix: str = "v") -> str:
         return f"{prefix}{next(self._n)}"
@@ -599,6 +606,8 @@ class Emitter:
             return self.load(self, v, off)
         if v.kind == "red":
             return self.red_value(self, v, idx)
+        if v.kind == "ext":
+            return self.ext_value(self, v, idx)
         if v.kind == "const":
             return OPS.source(self, v, idx)
         if v.kind != "op":

@@ -22,10 +22,12 @@ reduction, else the largest launch; the others keep Inductor's config):
 Moves between designs (the proposer's "family:" moves) are persistent <-> looped, split or not,
 cooperative or not.
 
-Family kernels (search/families) are CUDA/C++ sources: a triton task's candidates are Python, so
-a family cannot be a move inside a triton search (a Design renders one backend's source). The
-engine offers both by searching the region on both backends (`--backend auto`) and integrating
-the faster winner; see the issue-13 report.
+Family kernels (search/families) and the other generated designs are CUDA/C++ sources. An `auto`
+run (the default on a GPU, search/languages.py) searches one tree per region in both languages:
+the `inductor` design's default point is node zero (search/node_zero.py), and the built-in
+proposer's `family:` moves switch between these Triton variants and the CUDA designs
+(search/designs.designs_in). On the CPU (no GPU: CI) the default point is, of Inductor's own
+candidate configs, the one with the fewest programs: the interpreter runs each in numpy.
 
 `generate` is listed in search/codegen/__init__.py.
 """
@@ -61,10 +63,17 @@ class TritonSeedDesign:
         self.name = NAMES.get(variant, f"inductor_{variant}")
         self.op = task.pattern or task.kind or "pointwise"
         k = seed.main
+        if k is None:  # library calls only (a bare GEMM): Inductor's call, nothing to tune
+            self.kernel, self.numels, self.space, self._fixed, self._default = None, {}, {}, {}, {}
+            return
         self.kernel = k.name
         ln = seed.launch_of(k.name)
         self.numels = dict(ln.numels)
         cfg = k.default_config
+        if not k.chosen and not _gpu():
+            # interpreted on the CPU (no GPU: CI), where every program runs in numpy: of
+            # Inductor's own candidate configs, the one with the fewest programs
+            cfg = min(k.configs or [cfg], key=lambda c: _programs(k, self.numels, c))
         sp: dict = {}
         fixed = ("RSPLIT",) if k.cooperative else ()
         if "XBLOCK" in k.constexprs and not k.cooperative:
@@ -102,6 +111,8 @@ class TritonSeedDesign:
         return dict(self._default)
 
     def valid(self, task: Task, p: dict) -> bool:
+        if self.kernel is None:
+            return p == {}
         try:
             for c, vals in self.space.items():
                 if p.get(c) not in vals:
@@ -132,6 +143,8 @@ class TritonSeedDesign:
             return False
 
     def config(self, p: dict) -> dict:
+        if self.kernel is None:
+            return {}
         kw = dict(self._fixed)
         kw.update({c: p[c] for c in ("XBLOCK", "YBLOCK", "R0_BLOCK") if c in p})
         return {"kwargs": kw, "num_warps": int(p["num_warps"]), "num_stages": int(p["num_stages"])}
@@ -142,12 +155,27 @@ class TritonSeedDesign:
                 "Inductor's kernel, " + ", ".join(f"{c}={v}" for c, v in sorted(moved.items())))
         header = (f'"""{what} (variant {self.variant}, generated on {self.seed.device}); '
                   'kforge ABI."""')
-        return self.seed.render({self.kernel: self.config(p)}, evict=p.get("evict", "inductor"),
-                                header=header)
+        return self.seed.render({self.kernel: self.config(p)} if self.kernel else {},
+                                evict=p.get("evict", "inductor"), header=header)
 
     def extent(self, task: Task) -> tuple[int, int]:
         rows = int(self.numels.get("xnumel", 1)) * int(self.numels.get("ynumel", 1))
         return max(1, rows), max(1, self._r())
+
+
+def _gpu() -> bool:
+    from kforge_tui.device import cuda_available
+
+    return cuda_available()
+
+
+def _programs(k, numels: dict, cfg: dict) -> int:
+    try:
+        meta = {**k.constants, **cfg.get("kwargs", {})}
+        gx, gy, gz = inductor_seed.compute_grid(k, numels, meta)
+        return max(1, gx) * max(1, gy) * max(1, gz)
+    except Exception:
+        return 1 << 62
 
 
 _CACHE: dict[str, list] = {}
@@ -170,7 +198,7 @@ def generate(task: Task) -> list:
             continue
         try:
             d = TritonSeedDesign(task, seed, variant)
-            text = seed.render({d.kernel: d.config(d.default(task))})
+            text = d.render(task, d.default(task))
         except Exception:
             continue
         body = text.split('"""', 2)[-1]

@@ -43,6 +43,9 @@ class ProposalContext:
     mode: str = "improve"  # "improve" | "repair" (parent failed: fix it) | "root" (first kernel)
     best: NodeView | None = None  # best verified node of the task so far
     seed: int = 0
+    # the kernel languages this search may propose in (search/languages.py); [] means the
+    # task's own backend only. `auto` on a GPU: ["triton", "cuda"]
+    languages: list = field(default_factory=list)
 
 
 @dataclass

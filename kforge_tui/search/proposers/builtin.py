@@ -23,7 +23,7 @@ import random
 from dataclasses import dataclass
 
 from kforge_tui.regions.task import Task
-from kforge_tui.search.designs import Design, designs_for
+from kforge_tui.search.designs import Design, designs_for, designs_in
 from kforge_tui.search.families._common import ELEM_BYTES
 from kforge_tui.search.proposers.base import Proposal, ProposalContext
 
@@ -84,8 +84,16 @@ class BuiltinProposer:
             return False
 
     # ------------------------------------------------------------------ moves
+    def _designs(self, task: Task, ctx: ProposalContext) -> list:
+        """The task's designs in every language the search proposes in (an `auto` run: the
+        Triton seed's variants and the CUDA families and generated kernels, so `family:` moves
+        switch between them); an injected design list is used as given."""
+        if self._families is designs_for and any(lang != task.backend for lang in ctx.languages or ()):
+            return designs_in(task, ctx.languages)
+        return self._families(task)
+
     def moves(self, ctx: ProposalContext, task: Task) -> list[Move]:
-        fams = [f for f in self._families(task) if self._usable(f, ctx)]
+        fams = [f for f in self._designs(task, ctx) if self._usable(f, ctx)]
         if not fams:
             return []
         seen = {_key(p) for p in ctx.tried if p}

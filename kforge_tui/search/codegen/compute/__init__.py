@@ -13,6 +13,7 @@ memory of an sdpa output) is served by the same source.
 (their docstrings describe the designs):
 
   gemm.py         the GEMM core; matmul: gen_gemm_omp, gen_gemm_simt, gen_gemm_wmma
+  epilogue.py     the same GEMMs with the region's elementwise epilogue fused (linear+gelu)
   conv.py         implicit GEMMs on that core (gen_conv_omp / _simt / _wmma), direct kernels
                   (gen_conv_direct, gen_conv_direct_omp)
   attention.py    the sdpa ops: gen_flash_omp, gen_flash_simt, gen_flash_mma
@@ -27,6 +28,7 @@ from __future__ import annotations
 from kforge_tui.search.codegen.compute.attention import SDPA, attention_designs
 from kforge_tui.search.codegen.compute.base import analyze
 from kforge_tui.search.codegen.compute.conv import conv_designs
+from kforge_tui.search.codegen.compute.epilogue import epilogue_designs
 from kforge_tui.search.codegen.compute.gemm import MM_TARGETS, matmul_designs
 
 
@@ -36,8 +38,8 @@ def generate(task) -> list:
         if task.kind != "compute" or task.backend not in ("cpu", "cuda"):
             return []
         R = analyze(task)
-        if R is None:
-            return []
+        if R is None:  # more than one op: a GEMM with its epilogue (partition rule 2)?
+            return epilogue_designs(task)
         if R.target in MM_TARGETS:
             return matmul_designs(task)
         if R.target in SDPA:

@@ -815,13 +815,16 @@ def matmul_info(task) -> _MMInfo | None:
     odt = o.dtype
     alpha_s = "v" if alpha == 1 else f"(acc_t){flit(alpha)} * v"
 
-    def epi(backend: str) -> str:
+    def value(backend: str) -> str:  # the op's result at (b, m, n): alpha v + beta bias
         val = alpha_s
         if bias is not None:
             bexpr = f"{bias.ptr()}[{off_expr([('b', bst[0]), ('m', bst[1]), ('n', bst[2])])}]"
             bl = load(bias.dtype, backend, bexpr, "acc_t")
             val += " + " + (bl if beta == 1 else f"(acc_t){flit(beta)} * {bl}")
-        return f"{out_ptr}[{o_off}] = {store(odt, backend, val)};"
+        return val
+
+    def epi(backend: str) -> str:
+        return f"{out_ptr}[{o_off}] = {store(odt, backend, value(backend))};"
 
     av = _vec_info(A, (sa[0], sa[1], sa[2]), (Bt, M, K), ("m", "k"))
     if av is not None:
@@ -832,6 +835,7 @@ def matmul_info(task) -> _MMInfo | None:
     g = Gemm(Bt, M, N, K, A.dtype, B.dtype, acc, a_raw, b_raw, epi, a_fast, b_fast, av, bv,
              "matmul", 2.0 * Bt * M * N * K)
     g.out_nfast = abs(so[2]) <= abs(so[1]) or so[1] == 0
+    g.value = value
     return _MMInfo(g, A.index, B.index)
 
 

@@ -1,0 +1,119 @@
+"""Regions are chosen by headroom against torch.compile, not by share of eager time (issue 27):
+(compiled - floor) x calls; a bare GEMM/conv (the vendor library's roofline) or a region at its
+floor gets no budget unless named."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from kforge_tui.errors import UsageError
+from kforge_tui.regions import floor as F
+from kforge_tui.regions.build import tasks_of
+from kforge_tui.workload.select import select
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class _Row:
+    task_key: str
+    headroom_us: float
+    headroom_note: str = ""
+
+
+@dataclass
+class _Prof:
+    rows: list
+
+
+def _tasks():
+    w = torch.randn(32, 64)
+
+    def f(x):
+        h = torch.nn.functional.linear(x, w)  # bare GEMM
+        return torch.softmax(h, -1), torch.nn.functional.gelu(x) * 2
+
+    ts = tasks_of(f, (torch.randn(16, 64),))
+    return {t.op.split("+")[0]: replace(t, total_us=100.0 * (k + 1)) for k, t in enumerate(ts)}
+
+
+def test_vendor_op_and_headroom():
+    ts = _tasks()
+    assert F.vendor_op(ts["linear"]) == "GEMM"
+    assert not F.vendor_op(ts["softmax"]) and not F.vendor_op(ts["gelu"])
+    assert F.headroom(10.0, 4.0, 3) == pytest.approx(18.0)
+    assert F.headroom(3.0, 4.0, 3) == 0.0 and F.headroom(None, 1.0, 1) == 0.0
+
+
+def test_select_ranks_by_headroom_and_leaves_out_what_has_none():
+    ts = _tasks()
+    prof = _Prof([_Row(ts["linear"].key, 0.0, "vendor GEMM, at its roofline"),
+                  _Row(ts["softmax"].key, 5.0), _Row(ts["gelu"].key, 50.0)])
+    got = select(list(ts.values()), None, 5, prof)
+    assert [t.op.split("+")[0] for t in got] == ["gelu", "softmax"]  # the GEMM is not searched
+    assert [t.op for t in select(list(ts.values()), ["linear"], 5, prof)] == ["linear"]  # unless asked
+    none = _Prof([_Row(t.key, 0.0, "at its floor") for t in ts.values()])
+    with pytest.raises(UsageError, match="no region has headroom.*--ops"):
+        select(list(ts.values()), None, 5, none)
+    # without a profile: the old ranking by time in the forward
+    assert select(list(ts.values()), None, 1)[0].total_us == max(t.total_us for t in ts.values())
+
+
+@pytest.mark.slow
+def test_llama_profile_ranks_fused_regions_above_bare_gemms():
+    p = subprocess.run([sys.executable, "-m", "kforge_tui", "profile", "tests/fixtures/llm/llama_tiny.py",
+                        "--device", "cpu", "--json"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=900, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    import json
+
+    rows = [r for r in json.loads(p.stdout)["rows"] if r["target"]]
+    bare = [k for k, r in enumerate(rows) if "vendor" in r["headroom_note"]]
+    fused = [k for k, r in enumerate(rows) if r["kind"] in ("pointwise", "reduction") and r["headroom_us"] > 0]
+    assert bare and fused and max(fused) < min(bare)
+    assert all(rows[k]["headroom_us"] == 0 for k in bare)
+
+
+def test_without_compile_timing_the_estimate_still_selects(monkeypatch):
+    """On a cpu where Inductor cannot compile (no C++ compiler, ...) every row says why and its
+    headroom is estimated from eager time: a default run still has regions to search."""
+    from kforge_tui.workload.capture import trace_model
+    from kforge_tui.workload.loader import load_model
+    from kforge_tui.workload.profile import format_profile, profile_regions
+
+    def broken(*a, **k):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
+    lm = load_model(str(ROOT / "tests" / "fixtures" / "models" / "tiny.py"))
+    traced = trace_model(lm, "cpu", max_calls=1)
+    monkeypatch.setattr(torch, "compile", broken)
+    prof = profile_regions(lm, traced, compile_top=3, budget_s=0.02)
+    targets = [r for r in prof.rows if r.target]
+    assert all(r.compiled_us is None for r in targets)
+    assert [r for r in targets if r.compile_error and "C++ compiler" in r.compile_error]
+    assert any("torch.compile of a region failed" in n for n in prof.notes)
+    roomy = [r for r in targets if r.headroom_us > 0]
+    assert roomy and all(r.headroom_note == "estimated" for r in roomy)
+    tasks = [replace(t, total_us=prof.row_for(t.key).total_us) for t in traced.tasks()
+             if prof.row_for(t.key) is not None and prof.row_for(t.key).target]
+    chosen = select(tasks, None, 2, prof)
+    assert 1 <= len(chosen) <= 2 and all(prof.row_for(t.key).headroom_us > 0 for t in chosen)
+    text = format_profile(prof)
+    assert "failed" in text and "~" in text
+
+
+def test_no_headroom_is_one_usage_error_line(tmp_path):
+    """A model that is one bare GEMM: nothing to win over the vendor library unless asked."""
+    p = subprocess.run([sys.executable, "-m", "kforge_tui", "optimize", "tests/fixtures/kernelbench/matmul.py",
+                        "--device", "cpu", "--top", "1", "--budget", "2", "--headless", "--no-apply",
+                        "--run-dir", str(tmp_path / "r")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 2, p.stderr[-2000:]
+    err = [ln for ln in p.stderr.splitlines() if "error" in ln]
+    assert len(err) == 1 and "no region has headroom" in err[0] and "--ops matmul" in err[0], p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "r").exists()
