@@ -121,15 +121,22 @@ def _warm_triton(backend, cache_dir: str | None) -> str:
         import triton.language as tl
 
         @triton.jit
-        def _kforge_warm(p, n, B: tl.constexpr):
+        def _kforge_warm(p, n, B: tl.constexpr, SALT: tl.constexpr):
             o = tl.arange(0, B)
-            tl.store(p + o, o.to(tl.float32) * 2.0, o < n)
+            tl.store(p + o, o.to(tl.float32) * 2.0 + SALT * 0.0, o < n)
 
+        from kforge_tui.sandbox import triton_loader
         from kforge_tui.sandbox.triton_loader import TorchOpGuard
 
+        # On a GPU the kernel is compiled here for real (SALT: this runner's pid, never in the
+        # cache): Triton's first compile in a process installs LLVM's crash handlers, and done
+        # here it comes before the census a candidate is compared with; left to the candidate's
+        # JIT, every honest candidate read as "signal handler changed" (H200). The launcher
+        # module (cuda_utils) still comes from the shared cache.
+        salt = 0 if triton_loader.interpreting() else os.getpid()
         x = torch.zeros(16, device=backend.device)
         with backend.stream_context(), TorchOpGuard(os.devnull).mode():  # the guarded path, warm
-            _kforge_warm[(1,)](x, 16, B=16)
+            _kforge_warm[(1,)](x, 16, B=16, SALT=salt)
             backend.sync()
         return ""
     except Exception as e:  # noqa: BLE001
