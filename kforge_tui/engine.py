@@ -468,7 +468,7 @@ class Engine:
             await self._evaluate(ts, child, node_id, source)
 
     CONFIRM_TOP = 2  # best candidates re-timed side by side before one is called the winner
-    CONFIRM_MAX = 5  # re-timings per task at most, counting those a new leader asks for
+    CONFIRM_MAX, CONFIRM_WITHIN = 5, 1.5  # re-timings a task at most; up front only within 1.5x the best
 
     async def _confirm(self, ts: SearchState) -> None:
         """Re-evaluate the best few verified candidates once more (fresh verification; eager
@@ -477,16 +477,16 @@ class Engine:
         noisy ratios does not win by luck. Re-timings are stored as `confirm:#<id>` children,
         not charged to the budget and not part of the MCTS tree.
 
-        A re-timing can come out slower than its search figure; then a candidate that was not
-        re-timed may lead on its search figure alone. That leader is re-timed in turn, until
-        the winner is a re-timing (or CONFIRM_MAX re-timings were made: the log says so)."""
+        One far behind the fastest (CONFIRM_WITHIN) is not re-timed up front. A re-timing can
+        come out slower than its search figure; a leader that was not re-timed is re-timed in
+        turn, until the winner is a re-timing (or CONFIRM_MAX were made: the log says so)."""
         tid = ts.task.task_id
         confirmed = set(ts.confirm_of.values())
         top = sorted((v for v in ts.views.values() if v.status == "ok" and v.speedup and v.source
                       and v.parent_id is not None and not v.action.startswith("confirm:")
                       and v.node_id not in confirmed),
                      key=lambda v: v.time_us or float("inf"))[:self.CONFIRM_TOP]
-        for v in top:
+        for v in [v for v in top if (v.time_us or 0) <= self.CONFIRM_WITHIN * (top[0].time_us or 0)]:
             if self._stop or ts.stopped:
                 return
             await self._retime(ts, v)

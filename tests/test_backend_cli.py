@@ -46,7 +46,7 @@ def test_triton_backend_searches_with_the_llm_under_the_interpreter(fake_llm, tm
     p = kforge("optimize", MODEL, "--device", "cpu", "--backend", "triton", "--ops", "softmax",
                "--top", "1", "--budget", "2", "--parallel", "1", "--headless", "--no-apply",
                "--llm", "openai/fake", "--api-base", fake_llm.url, "--run-dir", run,
-               env={"OPENAI_API_KEY": "sk-test"})
+               env={"OPENAI_API_KEY": "sk-test"}, timeout=1200)  # node zero: seconds a call interpreted
     assert p.returncode == 0, p.stderr[-3000:]
     assert "```python" not in fake_llm.prompts()[0] or "def kforge_launch(inputs, outputs)" in fake_llm.prompts()[0]
     assert "# kforge region ABI" in fake_llm.prompts()[0]  # the Python ABI, not a C header
