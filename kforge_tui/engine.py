@@ -318,8 +318,7 @@ class Engine:
                                    result=None, reward=_fail_reward())
         for t in self.store.tasks():
             task = Task.from_json(t["task"])
-            # re-timings of finished searches are not search candidates: the tree leaves them out
-            every = [r for r in self.store.nodes(task.task_id) if r["status"] != "lost"]
+            every = [r for r in self.store.nodes(task.task_id) if r["status"] != "lost"]  # re-timings: not in the tree
             rows = [r for r in every if not (r.get("action") or "").startswith("confirm:")]
             ts = self._add_task_state(task, t["budget"], root_id=None, rows=rows)
             ts.confirm_of = {r["id"]: r["parent_id"] for r in every if r not in rows}
@@ -478,8 +477,8 @@ class Engine:
         not charged to the budget and not part of the MCTS tree.
 
         One far behind the fastest (CONFIRM_WITHIN) is not re-timed up front. A re-timing can
-        come out slower than its search figure; a leader that was not re-timed is re-timed in
-        turn, until the winner is a re-timing (or CONFIRM_MAX were made: the log says so)."""
+        come out slower or noisier than its search figure: a winner or leader not re-timed is
+        re-timed in turn, until both are re-timings (or CONFIRM_MAX were made: the log says)."""
         tid = ts.task.task_id
         confirmed = set(ts.confirm_of.values())
         top = sorted((v for v in ts.views.values() if v.status == "ok" and v.speedup and v.source
@@ -491,15 +490,16 @@ class Engine:
                 return
             await self._retime(ts, v)
         while not (self._stop or ts.stopped):
-            best = self.store.task(tid)["leader_node"]  # the fastest figure, noisy or not
-            v = ts.views.get(best) if best is not None else None
-            if v is None or v.action.startswith("confirm:") or best in ts.confirm_of.values():
+            row = self.store.task(tid)  # the winner (quiet), then the fastest figure, noisy or not
+            due = [ts.views[n] for n in (row["best_node"], row["leader_node"]) if n in ts.views
+                   and not ts.views[n].action.startswith("confirm:") and n not in ts.confirm_of.values()]
+            if not due:
                 return
             if len(ts.confirm_of) >= self.CONFIRM_MAX:
-                self.log(f"{tid}: #{best} leads on its search figure alone: {self.CONFIRM_MAX} "
+                self.log(f"{tid}: #{due[0].node_id} leads on its search figure alone: {self.CONFIRM_MAX} "
                          "re-timings made, none faster or quieter", "warning")
                 return
-            await self._retime(ts, v)
+            await self._retime(ts, due[0])
 
     async def _retime(self, ts: SearchState, v: NodeView) -> None:
         """One `confirm:#<id>` re-timing of candidate `v` (see _confirm)."""
