@@ -442,21 +442,29 @@ def _move_edge_views(groups, group_of, cats, idx) -> None:
                 src = m.args[0] if m.args else None
                 if _numel(m) is None or _numel(m) != _numel(src):
                     continue
-                if any(u not in group_of for u in m.users):
-                    continue  # a graph output
-                dest = {group_of[u] for u in m.users}
-                if len(dest) != 1:
+                c = _sole_consumer(m, group_of)
+                if c is None or c is g:
                     continue
-                c = dest.pop()
-                if c is g:
-                    continue
-                g.members.remove(m)
-                c.members.append(m)
-                group_of[m] = c
-                moved.add(c)
+                _hand_over(m, g, c, group_of, moved)
                 changed = True
     for c in moved:
         c.members.sort(key=lambda m: idx[m])
+
+
+def _sole_consumer(m: fx.Node, group_of) -> _Group | None:
+    """The one group every use of `m` is in (None: a graph output, no use, or several groups)."""
+    if not m.users or any(u not in group_of for u in m.users):
+        return None
+    dest = {group_of[u] for u in m.users}
+    return dest.pop() if len(dest) == 1 else None
+
+
+def _hand_over(m: fx.Node, g: _Group, c: _Group, group_of, moved: set) -> None:
+    """`m` leaves `g` for `c`; the caller re-sorts the groups in `moved` once its pass is over."""
+    g.members.remove(m)
+    c.members.append(m)
+    group_of[m] = c
+    moved.add(c)
 
 
 def _return_prologues(groups, group_of, cats, idx) -> None:
@@ -471,21 +479,14 @@ def _return_prologues(groups, group_of, cats, idx) -> None:
         while changed:
             changed = False
             for m in sorted(g.members, key=lambda m: -idx[m]):
-                if cats[m] not in ("pointwise", "view") or not m.users \
-                        or any(u not in group_of for u in m.users):
+                if cats[m] not in ("pointwise", "view"):
                     continue
-                dest = {group_of[u] for u in m.users}
-                if len(dest) != 1:
-                    continue
-                c = dest.pop()
-                if c is g or not c.fusible or c.domain is None:
+                c = _sole_consumer(m, group_of)
+                if c is None or c is g or not c.fusible or c.domain is None:
                     continue
                 if (_numel(m) or 0) > _domain_numels(c.domain)[0]:
                     continue
-                g.members.remove(m)
-                c.members.append(m)
-                group_of[m] = c
-                moved.add(c)
+                _hand_over(m, g, c, group_of, moved)
                 changed = True
     for c in moved:
         c.members.sort(key=lambda m: idx[m])
