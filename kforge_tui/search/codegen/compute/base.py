@@ -162,7 +162,7 @@ def _analyze(task) -> Region | None:
             continue
         op = resolve_target(tgt)
         if _is_view_target(op) or tgt in ("aten._unsafe_view.default", "aten.reshape.default"):
-            refs = _refs(n["args"]) + _refs(list(n["kwargs"].values()))
+            refs = arg_refs(n["args"]) + arg_refs(list(n["kwargs"].values()))
             if len(refs) != 1 or refs[0] not in metas:
                 return None
             t, root, base = metas[refs[0]]
@@ -227,13 +227,14 @@ def _analyze(task) -> Region | None:
     return Region(main["target"], args, outs)
 
 
-def _refs(a) -> list:
+def arg_refs(a) -> list:
+    """The node names an encoded argument (regions/graph.encode_arg) refers to, in order."""
     if isinstance(a, dict) and "ref" in a:
         return [a["ref"]]
     if isinstance(a, list):
-        return [r for x in a for r in _refs(x)]
+        return [r for x in a for r in arg_refs(x)]
     if isinstance(a, dict) and "tuple" in a:
-        return _refs(a["tuple"])
+        return arg_refs(a["tuple"])
     return []
 
 

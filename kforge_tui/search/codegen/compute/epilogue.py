@@ -22,7 +22,7 @@ from kforge_tui.regions.meta import TensorMeta
 from kforge_tui.search.codegen import cbase
 from kforge_tui.search.codegen.cexpr import COMPUTE_C, HALF
 from kforge_tui.search.codegen.compute import gemm as G
-from kforge_tui.search.codegen.compute.base import compute_design, ptrs_struct, usable
+from kforge_tui.search.codegen.compute.base import arg_refs, ptrs_struct
 from kforge_tui.search.codegen.ir import Emitter, Region, Scope
 from kforge_tui.search.codegen.sym import Unsupported, ravel, unravel, var
 
@@ -47,7 +47,7 @@ def _core(task):
     for n in reversed(nodes):
         if n["name"] in need:
             keep.append(n)
-            need |= set(_refs(n["args"])) | set(_refs(list(n["kwargs"].values())))
+            need |= set(arg_refs(n["args"])) | set(arg_refs(list(n["kwargs"].values())))
     keep.reverse()
     region = Region(task, external=frozenset(G.MM_TARGETS))
     v = region.vals[mm[0]["name"]]
@@ -58,16 +58,6 @@ def _core(task):
                 inputs=task.inputs, outputs=(TensorMeta("out0", shape, v.dtype, strides),),
                 backend=task.backend)
     return mm[0], core, region
-
-
-def _refs(a) -> list:
-    if isinstance(a, dict) and "ref" in a:
-        return [a["ref"]]
-    if isinstance(a, list):
-        return [r for x in a for r in _refs(x)]
-    if isinstance(a, dict) and "tuple" in a:
-        return _refs(a["tuple"])
-    return []
 
 
 def epilogue_info(task):
@@ -143,37 +133,7 @@ def _info(task):
         return None
 
 
-def _extent(task):
-    i = _info(task)
-    return (i.gemm.batch * i.gemm.M, i.gemm.N)
-
-
 def epilogue_designs(task) -> list:
     """The GEMM core's designs with the region's epilogue fused ([] when it does not fit)."""
-    info = _info(task)
-    if info is None:
-        return []
-    out = []
-
-    def render(fn, backend):
-        return lambda t, p: _with_helpers(fn(_info(t).gemm, p, _info(t).a_in, _info(t).b_in), backend)
-
-    if task.backend == "cpu":
-        out.append(compute_design(
-            "gen_gemm_omp", "cpu", G.cpu_gemm_space(), "matmul",
-            lambda t: G.cpu_gemm_default(_info(t).gemm), lambda t, p: G.cpu_gemm_valid(_info(t).gemm, p),
-            render(G.render_cpu_gemm, "cpu"), _extent,
-            "packed OpenMP GEMM, the region's epilogue applied before the one write"))
-    elif task.backend == "cuda":
-        out.append(compute_design(
-            "gen_gemm_simt", "cuda", G.simt_space(), "matmul",
-            lambda t: G.simt_default(_info(t).gemm), lambda t, p: G.simt_valid(_info(t).gemm, p),
-            render(G.render_simt_gemm, "cuda"), _extent,
-            "tiled GEMM, the region's epilogue applied before the one write"))
-        if info.gemm.a_dtype in G.HALVES:
-            out.append(compute_design(
-                "gen_gemm_wmma", "cuda", G.wmma_space(), "matmul",
-                lambda t: G.wmma_default(_info(t).gemm), lambda t, p: G.wmma_valid(_info(t).gemm, p),
-                render(G.render_wmma_gemm, "cuda"), _extent,
-                "tensor-core GEMM, the region's epilogue applied before the one write"))
-    return [d for d in out if usable(d, task)]
+    return G.gemm_designs(task, _info, finish=_with_helpers,
+                          also="; the region's epilogue applied before the one write")

@@ -840,36 +840,43 @@ def matmul_info(task) -> _MMInfo | None:
 
 
 
-def _mm_extent(task):
-    i = matmul_info(task)
-    return (i.gemm.batch * i.gemm.M, i.gemm.N)
+# (design, backend, space, default, valid, render, what it is): one table for plain GEMMs and
+# GEMMs with a fused epilogue (epilogue.py), so that a design added here serves both
+_GEMM_DESIGNS = (
+    ("gen_gemm_omp", "cpu", cpu_gemm_space, cpu_gemm_default, cpu_gemm_valid, render_cpu_gemm,
+     "packed OpenMP GEMM with a register micro-kernel"),
+    ("gen_gemm_simt", "cuda", simt_space, simt_default, simt_valid, render_simt_gemm,
+     "shared-memory tiled GEMM, register blocking, fp32/fp64 FMA"),
+    ("gen_gemm_wmma", "cuda", wmma_space, wmma_default, wmma_valid, render_wmma_gemm,
+     "tensor cores (wmma 16x16x16, f32 accumulate), cp.async pipeline"),
+)
+
+
+def gemm_designs(task, info_of=None, finish=None, also: str = "") -> list:
+    """The GEMM designs for `task`'s backend (wmma only for 16-bit operands). Each reads its Gemm
+    through `info_of(task)` (default matmul_info; epilogue.epilogue_info for a fused epilogue),
+    passes its source through `finish(src, backend)` when given, and says `also` after what it is."""
+    info_of = info_of or matmul_info
+    info = info_of(task)
+    if info is None:
+        return []
+    out = []
+    for name, backend, space, default, valid, render, what in _GEMM_DESIGNS:
+        if backend != task.backend or (name == "gen_gemm_wmma" and info.gemm.a_dtype not in HALVES):
+            continue
+
+        def rendered(t, p, render=render, backend=backend):
+            i = info_of(t)
+            src = render(i.gemm, p, i.a_in, i.b_in)
+            return finish(src, backend) if finish else src
+
+        out.append(compute_design(
+            name, backend, space(), "matmul",
+            lambda t, default=default: default(info_of(t).gemm),
+            lambda t, p, valid=valid: valid(info_of(t).gemm, p), rendered,
+            lambda t: (info_of(t).gemm.batch * info_of(t).gemm.M, info_of(t).gemm.N), what + also))
+    return [d for d in out if usable(d, task)]
 
 
 def matmul_designs(task) -> list:
-    info = matmul_info(task)
-    if info is None:
-        return []
-    g = info.gemm
-    out = []
-    if task.backend == "cpu":
-        out.append(compute_design(
-            "gen_gemm_omp", "cpu", cpu_gemm_space(), "matmul",
-            lambda t: cpu_gemm_default(matmul_info(t).gemm),
-            lambda t, p: cpu_gemm_valid(matmul_info(t).gemm, p),
-            lambda t, p: render_cpu_gemm(matmul_info(t).gemm, p, matmul_info(t).a_in, matmul_info(t).b_in),
-            _mm_extent, "packed OpenMP GEMM with a register micro-kernel"))
-    elif task.backend == "cuda":
-        out.append(compute_design(
-            "gen_gemm_simt", "cuda", simt_space(), "matmul",
-            lambda t: simt_default(matmul_info(t).gemm),
-            lambda t, p: simt_valid(matmul_info(t).gemm, p),
-            lambda t, p: render_simt_gemm(matmul_info(t).gemm, p, matmul_info(t).a_in, matmul_info(t).b_in),
-            _mm_extent, "shared-memory tiled GEMM, register blocking, fp32/fp64 FMA"))
-        if g.a_dtype in HALVES:
-            out.append(compute_design(
-                "gen_gemm_wmma", "cuda", wmma_space(), "matmul",
-                lambda t: wmma_default(matmul_info(t).gemm),
-                lambda t, p: wmma_valid(matmul_info(t).gemm, p),
-                lambda t, p: render_wmma_gemm(matmul_info(t).gemm, p, matmul_info(t).a_in, matmul_info(t).b_in),
-                _mm_extent, "tensor cores (wmma 16x16x16, f32 accumulate), cp.async pipeline"))
-    return [d for d in out if usable(d, task)]
+    return gemm_designs(task)
