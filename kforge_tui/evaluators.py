@@ -121,10 +121,13 @@ class PoolPerLanguage:
         # Each pool has one worker per GPU: with two pools (cuda and triton) two candidates
         # could share a GPU while timed. One evaluation per GPU across the pools, held only
         # while a worker runs it (the pools' device gate): compiles stay parallel.
+        # Each pool's worker keeps its prepared tasks (input sets, references) on the device:
+        # each plans with an equal share of the device's memory (supervisor.Budget).
         if len(self.pools) > 1:
             gate = asyncio.Semaphore(_gpu_count())
             for p in self.pools.values():
                 p.device_gate = gate
+                p.memory = {**p.memory, "share": 1 / len(self.pools)}
 
     def _for(self, task_json: dict):
         return self.pools.get(task_json.get("backend")) or next(iter(self.pools.values()))

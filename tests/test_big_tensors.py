@@ -115,6 +115,25 @@ def test_the_planner_shrinks_the_sets_then_slices_the_float64_run_before_droppin
     assert all(p.k >= 1 for p in plans.values())
 
 
+def test_workers_of_pools_sharing_a_device_each_plan_with_their_share_of_it():
+    """Two languages' pools on one device (auto backend): each worker plans with its share of
+    the device's memory, so the first one to prepare a big task leaves room for the other."""
+    from kforge_tui.evaluators import PoolPerLanguage
+
+    task = task_of(lambda x: torch.softmax(x, -1), (torch.randn(1024, 8192),), backend="cpu")  # 32 MiB
+    w = _planner()
+    reserve, total = w.backend.reserve_bytes(1), w.backend.total_bytes()
+    free = {"free_bytes": reserve + (4096 << 20)}
+    whole = w.plan_sets(task, 0, Budget(free))
+    shared = w.plan_sets(task, 0, Budget({**free, "share": (reserve + (1024 << 20)) / total}))
+    assert whole.k == 4 and whole.slices64 == 1 and "share" not in whole.note
+    assert shared.k == 1 and shared.slices64 > 1 and "share of the device" in shared.note, shared.note
+    assert w.plan_sets(task, 0, Budget({**free, "share": 1.0})).note == whole.note
+    pools = PoolPerLanguage(["cpu", "triton"]).pools
+    assert [p.memory.get("share") for p in pools.values()] == [0.5, 0.5]
+    assert PoolPerLanguage(["cpu"]).pools["cpu"].memory.get("share") is None
+
+
 @pytest.mark.asyncio
 async def test_sets_shrink_to_fit_a_memory_limit_and_the_sliced_float64_judge_runs(tmp_path):
     """The test sets the memory: one set, the float64 run in slices; an honest kernel passes

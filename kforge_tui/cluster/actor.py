@@ -98,7 +98,12 @@ class EvalActor:
                 "evaluations": self.evaluations, "pid": os.getpid()}
 
     async def start(self, backends: list[str]) -> None:
-        """Start the workers now (importing torch takes seconds), not on the first candidate."""
+        """Start the workers now (importing torch takes seconds), not on the first candidate.
+        Several languages share this node's device: each pool plans with an equal share of its
+        memory (sandbox/supervisor.Budget)."""
+        if len(backends) > 1:
+            mem = self.pool_kwargs.get("memory") or {}
+            self.pool_kwargs["memory"] = {**mem, "share": 1 / len(backends)}
         for b in backends:
             await self._pool(b)
 

@@ -144,13 +144,18 @@ class Plan:
 
 
 class Budget:
-    """Memory knob (tests, or a cap on a shared box): `free_bytes` overrides what the planner
-    believes is free; `limit_bytes` makes supervisor allocations beyond it fail like a real OOM."""
+    """Memory knobs: `free_bytes` overrides what the planner believes is free (tests, or a cap
+    on a shared box); `limit_bytes` makes supervisor allocations beyond it fail like a real OOM;
+    `share` is the fraction of the device's whole memory this worker may plan with, when workers
+    of several pools share one device (evaluators.PoolPerLanguage). Without it, the worker that
+    prepares a GiB-sized task first plans with all that is free and the next one, in another
+    process, finds no room for even one set."""
 
     def __init__(self, cfg: dict | None):
         cfg = cfg or {}
         self.free = cfg.get("free_bytes")
         self.limit = cfg.get("limit_bytes")
+        self.share = cfg.get("share")
         self.used = 0
 
     def account(self, n: int) -> None:
@@ -306,6 +311,8 @@ class Worker(RemoteTiming):
         free = self.backend.free_bytes()
         if budget.free is not None:
             free = min(free, int(budget.free))
+        if budget.share is not None and budget.share < 1:
+            free = min(free, int(self.backend.total_bytes() * budget.share))
         avail = free - self.backend.reserve_bytes(self.n_spares) - cmp_ws
         desired = max(4, n_calls + 3)
         big = per_arena > 4 * self.backend.cache_bytes  # rotation matters little past the cache
@@ -353,7 +360,10 @@ class Worker(RemoteTiming):
         bank = 0 if host else self._bank_capacity(task, avail - work - k * per_set - image)
         gib = 2 ** 30
         note = (f"{k} input set{'s' if k > 1 else ''} of {per_set / gib:.3g} GiB each in "
-                f"{free / gib:.3g} GiB free (reference workspace {ws / gib:.3g} GiB); input copies "
+                f"{free / gib:.3g} GiB free"
+                + (f", this worker's {budget.share:.0%} share of the device"
+                   if budget.share is not None and budget.share < 1 else "")
+                + f" (reference workspace {ws / gib:.3g} GiB); input copies "
                 f"{'in host memory, device hashes' if host else 'on the device'}; edge cases "
                 + (("judged against float64" + (f" (run in {slices} slices of dim 0)" if slices > 1 else ""))
                    if e64 else "judged at the task dtype (no room for a float64 run)"
