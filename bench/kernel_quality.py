@@ -118,13 +118,13 @@ def time_liger(task, run_dir, fn):
 
 
 async def evaluate_run(run_dir: str, rows: list, with_liger: bool) -> None:
-    from kforge_tui.evaluators import _cache_dir
+    from kforge_tui.evaluators import compile_cache_dir
     from kforge_tui.sandbox.pool import EvaluatorPool
     from kforge_tui.store import RunStore
     from kforge_tui.regions.task import Task
 
     store = RunStore.open(run_dir, readonly=True)
-    pool = EvaluatorPool("cuda", cache_dir=_cache_dir())
+    pool = EvaluatorPool("cuda", cache_dir=compile_cache_dir())
     await pool.start()
     try:
         for t in store.tasks():

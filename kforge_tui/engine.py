@@ -21,7 +21,7 @@ from pathlib import Path
 from kforge_tui import events as ev
 from kforge_tui.errors import UsageError
 from kforge_tui.evaluators import (  # noqa: F401 (re-exported)
-    _abi_text, _PoolPerBackend, _Slots, default_parallel, device_of, kernel_backends, PoolPerLanguage)
+    _abi_text, _Slots, default_parallel, device_of, kernel_backends, PoolPerLanguage)
 from kforge_tui.run_settings import OptimizeSettings, default_run_dir, settings_for_resume  # noqa: F401
 from kforge_tui.sandbox.result import EvaluatorLost
 from kforge_tui.search.languages import route, search_plan

@@ -147,9 +147,6 @@ class PoolPerLanguage:
             await p.close()
 
 
-_PoolPerBackend = PoolPerLanguage  # the name the cluster tests and older callers use
-
-
 # Triton with no GPU runs under its interpreter (numpy, program by program): its times mean
 # nothing there and a candidate takes seconds a call, so the timing loop is the shortest that
 # still exercises it, and a candidate gets ten minutes (CI runs the seeded path this way).
@@ -168,6 +165,3 @@ def compile_cache_dir() -> Path:
     from kforge_tui.config import cache_dir, private_dir
 
     return private_dir(private_dir(cache_dir()) / "compile")  # compiled candidates of the user's model
-
-
-_cache_dir = compile_cache_dir
