@@ -720,3 +720,34 @@ async def test_engine_error_is_shown_not_a_crash():
         await pilot.press("q")  # the run is over: no confirmation
         await pilot.pause()
     assert app.return_code == 0 and isinstance(app.engine_error, RuntimeError)
+
+
+async def test_the_run_log_follows_its_tail_unless_scrolled_up():
+    """Issue 22: once lines arrived the log did not follow them; a user reading back keeps
+    the place they scrolled to, and is followed again once back at the end."""
+    from textual.containers import VerticalScroll
+    from textual.widgets import TabPane
+
+    app, events, _ = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        app.feed(events)
+        await settle(pilot, app)
+        logs = app.query_one(LogTabs)
+        logs.active = "log-run"
+        scroll = logs.query_one("#log-run", TabPane).query_one(VerticalScroll)
+
+        async def lines(k: int, start: int):
+            app.feed([ev.LogLine(level="info", message=f"line {start + i}") for i in range(k)])
+            await settle(pilot, app)
+            await pilot.pause(0.1)
+
+        await lines(80, 0)
+        assert scroll.max_scroll_y > 0 and scroll.scroll_y == scroll.max_scroll_y
+        scroll.scroll_to(y=0, animate=False)
+        await pilot.pause(0.1)
+        await lines(20, 80)
+        assert scroll.scroll_y == 0 < scroll.max_scroll_y  # reading back: left where it was
+        scroll.scroll_end(animate=False)
+        await pilot.pause(0.1)
+        await lines(20, 100)
+        assert scroll.scroll_y == scroll.max_scroll_y > 0  # at the end again: followed
