@@ -182,3 +182,24 @@ async def test_user_work_goes_to_the_front_of_the_queue():
     slots.release()
     await asyncio.gather(*waiters)
     assert order == ["hand", "repair", "search-1", "search-2"]
+
+
+def test_at_80_to_200_columns_statuses_are_whole_words_and_tree_titles_keep_the_shape():
+    """Issue 22 at 120 columns: `searchi`, `exhaust`, and tree titles that cut the shape so that
+    same-named ops could not be told apart."""
+    import dataclasses
+
+    from kforge_tui.tui.app import tree_title
+    from kforge_tui.tui.widgets.profile import STATES, fit_columns
+
+    m = fold(scripted_run(12)[0])
+    tasks = list(m.tasks.values())
+    for width in (80, 100, 120, 160, 200):
+        keys, widths = fit_columns(tasks, width - 2)
+        assert "status" in keys and widths["status"] >= max(map(len, STATES)), width
+        assert sum(w + 2 for w in widths.values()) <= width - 2 or widths["op"] == 10, width
+    t = dataclasses.replace(tasks[0], op="batch_norm+add+relu+max_pool2d", shape=(2, 256, 14, 14))
+    for width in range(24, 90, 3):
+        title = tree_title(t, width)
+        assert title.endswith(" 2x256x14x14") and len(title) <= width - 4, (width, title)
+    assert tree_title(t, 90) == "search tree [2] batch_norm+add+relu+max_pool2d 2x256x14x14"
