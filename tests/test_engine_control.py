@@ -311,3 +311,47 @@ def test_a_leader_that_was_not_retimed_is_retimed_in_turn(tmp_path, budget):
         assert task["best_node"] not in confirms and task["speedup"] == pytest.approx(1.2)
         msgs = [e.message for e in seen if isinstance(e, ev.LogLine)]
         assert any("leads on its search figure alone" in m for m in msgs), msgs
+
+
+class _NoisyRetimingOfTheFastest(ScriptedEvaluator):
+    """Kernel 3 is the fastest in the search (10 us) and its re-timing is noisy; kernels 1 and 2
+    (40, 41 us) are over CONFIRM_WITHIN of it, so not re-timed up front. Every figure but that
+    re-timing is quiet."""
+
+    TIMES = {1: 40.0, 2: 41.0, 3: 10.0}
+
+    def __init__(self):
+        super().__init__(0.0)
+        self.seen: set[str] = set()
+
+    async def evaluate(self, task_json, run_dir, source, on_stage=None):
+        from scripted_engine import Result, Timing
+
+        k = int(source.split()[-1])
+        med, lo, hi = self.TIMES[k], self.TIMES[k], self.TIMES[k]
+        if source in self.seen and k == 3:
+            med, lo, hi = 9.0, 1.0, 30.0
+        self.seen.add(source)
+        timing = {"median_us": med, "p10_us": lo, "p90_us": hi}
+
+        class _Timed(Result):
+            def to_json(self):
+                return {**super().to_json(), "timing": timing}
+
+        return _Timed("ok", "figure", 40.0 / med, Timing(med))
+
+
+def test_a_winner_that_was_not_retimed_is_retimed_when_the_leaders_retiming_is_noisy(tmp_path):
+    """CI, 2026-12-01: the fastest candidate's re-timing came out noisy, so the winner (the fastest
+    quiet figure) was a candidate never re-timed, and the loop stopped because the leader was a
+    re-timing. The winner is re-timed too."""
+    engine = Engine(settings(tmp_path / "run", budget=3), lambda e: None,
+                    evaluator=_NoisyRetimingOfTheFastest(), proposer=ScriptedProposer())
+    asyncio.run(engine.run())
+    with RunStore.open(tmp_path / "run", readonly=True) as s:
+        (task,) = s.tasks()
+        nodes = {n["id"]: n for n in s.nodes(task["task_id"]) if n["parent_id"] is not None}
+    confirms = {i: n for i, n in nodes.items() if n["action"].startswith("confirm:")}
+    assert task["best_node"] in confirms, (task["best_node"], sorted(confirms))
+    assert nodes[confirms[task["best_node"]]["parent_id"]]["source"].split()[-1] == "1"
+    assert task["noisy_leader"] in confirms  # kernel 3's noisy re-timing leads; it does not win
