@@ -208,9 +208,12 @@ def format_end_to_end(r: dict) -> str:
             lines.append(f"  mode: {r['mode']}" + (f" ({r['mode_reason']})" if r.get("mode_reason") else "")
                          + (f", Inductor mode {r['inductor_mode']}" if r.get("inductor_mode") not in
                             (None, "default") else ""))
+        if r.get("mode") == "compile" and r.get("compile_ms") is not None and not r.get("kernels"):
+            lines.append("  no kernel is in the kforge model: it is torch.compile's through kforge's backend, "
+                         "so any difference from torch.compile above is the clock's noise or the backend's cost")
         if r.get("noisy"):
             lines.append(f"  noisy timing even after {r.get('iters')} pairs: read the speedup as rough; "
-                         "re-run `kforge apply RUN_DIR MODEL` on a quiet machine")
+                         f"re-run `kforge apply {_arg(r.get('run_dir'))} {_arg(r.get('model'))}` on a quiet machine")
     clocks = []
     for clock in ("throughput", "latency"):
         c = r.get(clock) or {}

@@ -98,3 +98,19 @@ def test_the_report_flags_a_noisy_result_and_not_a_steady_one():
     text = format_end_to_end(r)
     assert "noisy timing even after 60 pairs" in text and "kforge apply" in text
     assert "noisy" not in format_end_to_end(dict(r, noisy=False, eager_spread=0.01, patched_spread=0.01))
+
+
+def test_the_report_names_the_run_to_re_time_and_says_when_no_kernel_is_in_the_model():
+    """Seen on transformers' BERT (CPU, loaded machine): every kernel dropped, yet the line read
+    `torch.compile 1207 us (1.23x vs compile) -> kforge 985 us` with nothing to say the two
+    models are the same graph, and the re-run hint had RUN_DIR MODEL placeholders."""
+    r = {"eager_ms": 2.23, "compile_ms": 1.21, "patched_ms": 0.99, "speedup": 2.27, "speedup_vs_compile": 1.23,
+         "eager_spread": 0.4, "patched_spread": 0.9, "max_abs_err": 7e-7, "within_tolerance": True,
+         "noisy": True, "iters": 72, "mode": "compile", "kernels": [], "run_dir": "/tmp/runs/bert 1",
+         "model": "models/hf_bert.py"}
+    text = format_end_to_end(r)
+    assert "re-run `kforge apply '/tmp/runs/bert 1' models/hf_bert.py`" in text, text
+    assert "no kernel is in the kforge model" in text
+    kept = dict(r, kernels=[{"task_id": "t", "op": "gelu"}])
+    assert "no kernel is in the kforge model" not in format_end_to_end(kept)
+    assert "no kernel is in" not in format_end_to_end(dict(r, mode="eager", compile_ms=None))

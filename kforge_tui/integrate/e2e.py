@@ -46,7 +46,7 @@ def check_end_to_end(loaded, run_dir, *, fresh_inputs: int = 1, min_speedup: flo
     rt.uninstall(model)
     im = inductor_mode or "default"
     prep = prepare(run_dir, min_speedup=min_speedup, ops=ops, mode=mode, decided=False)
-    base = {"run_dir": str(run_dir), "message": prep.message, "skipped": dict(prep.skipped),
+    base = {"run_dir": str(run_dir), "model": loaded.spec, "message": prep.message, "skipped": dict(prep.skipped),
             "kernels": [], "kernels_used": {}, "fallbacks": {}, "mode": mode, "inductor_mode": im,
             "op_impl": "C++" if rt.native_status()["native"] else "python",
             "verified_tasks": prep.n_tasks - sum(1 for w in prep.skipped.values() if w == "no verified kernel")}
