@@ -210,6 +210,33 @@ def test_end_to_end_report_compares_eager_compile_and_kforge(chain_run):
     p.remove()
 
 
+def test_a_check_killed_in_its_final_timing_keeps_the_decision(tmp_path, monkeypatch):
+    """The decision took minutes (a swin_t apply was killed at 600 s and lost it): it is recorded
+    before the final timing, and the summary says the check did not finish and how to re-run it."""
+    from kforge_tui.integrate import measure
+    from kforge_tui.integrate.e2e import check_end_to_end
+    from kforge_tui.store import RunStore
+    from kforge_tui.summary import format_end_to_end
+    from kforge_tui.workload.loader import LoadedModel
+
+    run = make_run(tmp_path / "r", [(chain_task(), CHAIN_CPP, 20.0, 15.0, 5.0)])
+    lm = LoadedModel(model=build_tiny(), example_inputs=(example(),), spec="models/tiny.py", device="cpu")
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(measure, "latency", killed)
+    with pytest.raises(KeyboardInterrupt):
+        check_end_to_end(lm, run)
+    with RunStore.open(run, readonly=True) as s:
+        e2e = s.run_info()["end_to_end"]
+    (trial,) = e2e["decisions"]["compile/default"]["trials"]
+    assert trial["task_id"] == chain_task().task_id and trial["why"]
+    text = format_end_to_end(e2e)
+    assert "did not finish" in text and f"kforge apply {run} models/tiny.py" in text, text
+    assert ("kept " if trial["kept"] else "dropped ") in text
+
+
 def test_end_to_end_reports_a_mismatch(tmp_path):
     from kforge_tui.integrate.e2e import check_end_to_end
     from kforge_tui.workload.loader import LoadedModel

@@ -14,6 +14,8 @@ same forwards as a cross-check where triton and a GPU are there.
 """
 from __future__ import annotations
 
+import shlex
+
 from kforge_tui.integrate import accuracy, decide, measure
 from kforge_tui.integrate import runtime as rt
 from kforge_tui.integrate.patch import prepare
@@ -61,6 +63,11 @@ def check_end_to_end(loaded, run_dir, *, fresh_inputs: int = 1, min_speedup: flo
     for t in dec.trials:
         if not t.kept:
             skipped[t.task_id] = t.why
+    if record and dec.trials:  # the decision took minutes: a run killed in the timing keeps it
+        _record(run_dir, dict(base, decision=dec.to_json(), skipped=skipped,
+                              message="the whole-model decision is recorded; the end-to-end check that follows "
+                                      f"it did not finish (`kforge apply {shlex.quote(str(run_dir))} "
+                                      f"{shlex.quote(str(loaded.spec))}` re-runs it)"))
     kept_specs = [s for s in prep.specs if s["task_id"] in dec.kept]
     kforge = dec.fn
     runtime = dec.runtime
