@@ -654,6 +654,9 @@ class Engine:
 
     async def _expand_inner(self, ts: SearchState, leaf, child, node_id: int, ctx: ProposalContext) -> None:
         tid = ts.task.task_id
+        # tried as of now: expansions reserved together saw the same points (one was picked twice)
+        ctx.tried = [v.params for v in ts.views.values() if v.params]
+        ctx.siblings = [v for v in ts.views.values() if v.parent_id == ctx.parent.node_id and v.node_id != node_id]
         try:
             proposal = await self._proposer.propose(ctx)
         except Exception as e:  # a proposer bug is a failed proposal, not a dead search
@@ -979,16 +982,13 @@ def _view(row: dict) -> NodeView:
         log = log or row.get("message") or ""
     return NodeView(row["id"], row.get("parent_id"), row.get("action") or "", row.get("source"),
                     params=row.get("params") or {}, status=row.get("status") or "pending",
-                    message=row.get("message") or "", time_us=row.get("time_us"),
-                    speedup=row.get("speedup"),
+                    message=row.get("message") or "", time_us=row.get("time_us"), speedup=row.get("speedup"),
                     resources=(result.get("resources") if isinstance(result, dict) else None) or {},
                     error_log=log)
 
 
 def _baseline_json(b) -> dict:
-    if isinstance(b, dict):
-        return b
-    return asdict(b)
+    return b if isinstance(b, dict) else asdict(b)
 
 
 def _fail_reward() -> float:

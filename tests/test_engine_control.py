@@ -355,3 +355,21 @@ def test_a_winner_that_was_not_retimed_is_retimed_when_the_leaders_retiming_is_n
     assert task["best_node"] in confirms, (task["best_node"], sorted(confirms))
     assert nodes[confirms[task["best_node"]]["parent_id"]]["source"].split()[-1] == "1"
     assert task["noisy_leader"] in confirms  # kernel 3's noisy re-timing leads; it does not win
+
+
+def test_expansions_in_flight_together_never_propose_the_same_point(tmp_path):
+    """Seen on every unseen library model (CPU, --budget 4, two in flight): nodes 3/4 and 5/6 had
+    the same source, because each expansion saw what was tried when it was reserved."""
+    from kforge_tui.search.proposers.builtin import BuiltinProposer
+
+    s = settings(tmp_path / "run", budget=8)
+    s.parallel = 4
+    engine = Engine(s, lambda e: None, evaluator=ScriptedEvaluator(0.05), proposer=BuiltinProposer())
+    asyncio.run(engine.run())
+    with RunStore.open(tmp_path / "run", readonly=True) as s:
+        (task,) = s.tasks()
+        nodes = [n for n in s.nodes(task["task_id"]) if n["parent_id"] is not None
+                 and not n["action"].startswith("confirm:") and n["source"]]
+    assert len(nodes) >= 6
+    sources = [n["source"] for n in nodes]
+    assert len(set(sources)) == len(sources), [n["action"] for n in nodes]
