@@ -21,7 +21,7 @@ from pathlib import Path
 from kforge_tui import events as ev
 from kforge_tui.errors import UsageError
 from kforge_tui.evaluators import (  # noqa: F401 (re-exported)
-    _abi_text, _Slots, default_parallel, device_of, kernel_backends, PoolPerLanguage)
+    _Slots, default_parallel, device_of, kernel_backends, PoolPerLanguage)
 from kforge_tui.run_settings import OptimizeSettings, default_run_dir, settings_for_resume  # noqa: F401
 from kforge_tui.sandbox.result import EvaluatorLost
 from kforge_tui.search.languages import route, search_plan
@@ -604,29 +604,11 @@ class Engine:
 
     def _context(self, ts: SearchState, leaf, mode: str) -> ProposalContext:
         from kforge_tui.device import device_info
+        from kforge_tui.search import context
 
-        task = ts.task
-        parent = ts.views[leaf.node_id]
-        ancestors, cur = [], parent.parent_id
-        while cur is not None and cur in ts.views:
-            ancestors.insert(0, ts.views[cur])
-            cur = ts.views[cur].parent_id
-        siblings = [v for v in ts.views.values() if v.parent_id == parent.node_id]
-        tried = [v.params for v in ts.views.values() if v.params]
-        b = ts.baseline or {}
-        best = ts.tree.best()
-        dev = device_info(device_of(task.backend)).to_json()
-        if b.get("bandwidth_gbs"):
-            dev["bandwidth_gbs"] = b["bandwidth_gbs"]
-        return ProposalContext(
-            task=task.to_json(), signature=task.signature().declaration(),
-            canonical=_abi_text(task), reference=task.code(),
-            device=dev, eager_us=(b.get("eager") or {}).get("median_us"),
-            compiled_us=(b.get("compiled") or {}).get("median_us"), floor_us=b.get("floor_us"),
-            parent=parent, ancestors=ancestors, siblings=siblings, tried=tried, mode=mode,
-            best=ts.views.get(best.node_id) if best is not None else None,
-            seed=self.settings.seed * 100003 + ts.tree.evaluated + len(ts.views),
-            languages=list(self.languages))
+        return context.build(ts, leaf, mode, device=device_info(device_of(ts.task.backend)).to_json(),
+                             seed=self.settings.seed * 100003 + ts.tree.evaluated + len(ts.views),
+                             languages=self.languages)
 
     def _reserve(self, ts: SearchState, leaf, mode: str):
         """Put the child in the store and the tree *before* proposing: in-flight exclusion starts now."""
@@ -654,9 +636,9 @@ class Engine:
 
     async def _expand_inner(self, ts: SearchState, leaf, child, node_id: int, ctx: ProposalContext) -> None:
         tid = ts.task.task_id
-        # tried as of now: expansions reserved together saw the same points (one was picked twice)
-        ctx.tried = [v.params for v in ts.views.values() if v.params]
-        ctx.siblings = [v for v in ts.views.values() if v.parent_id == ctx.parent.node_id and v.node_id != node_id]
+        from kforge_tui.search import context
+
+        context.refresh(ctx, ts.views, node_id)  # expansions reserved together see each other's
         try:
             proposal = await self._proposer.propose(ctx)
         except Exception as e:  # a proposer bug is a failed proposal, not a dead search

@@ -13,7 +13,6 @@ import asyncio
 from pathlib import Path
 
 from kforge_tui.errors import UsageError
-from kforge_tui.regions.task import Task
 
 
 class _Slots:
@@ -98,15 +97,6 @@ def default_parallel(device: str) -> int:
     from kforge_tui.sandbox.pool import _gpu_count
 
     return max(4, min(os.cpu_count() or 4, 6 * _gpu_count()))
-
-
-def _abi_text(task: Task) -> str:
-    """What a proposer is shown of the ABI: the C header, or the Python one for Triton."""
-    if task.backend == "triton":
-        from kforge_tui.regions.abi import python_header
-
-        return python_header(task.inputs, task.outputs)
-    return task.header()
 
 
 class PoolPerLanguage:

@@ -8,7 +8,9 @@ Moves (the action label is what the tree shows):
   repair   "repair:<param>=<v>"  a smaller threads / vec / warps / ... (the usual causes of
                                  register spills, launch failures and misaligned packs)
            "repair:default"      back to the family's default point
-Never a parameter point already in ctx.tried; `can_expand` is False when none is left.
+Never a parameter point already in ctx.tried, nor one whose kernel renders exactly like one the
+task has tried (ctx.sources: a `math` knob the region's ops ignore, two labels for one kernel);
+`can_expand` is False when none is left.
 
 Which move is taken is a weighted random draw seeded from ctx.seed and the node, so the search
 explores; the weights are priors from GPU reasoning that look only at the task's sizes (wider
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from kforge_tui.regions.task import Task
 from kforge_tui.search.designs import Design, designs_for, designs_in
 from kforge_tui.search.families._common import ELEM_BYTES
-from kforge_tui.search.proposers.base import Proposal, ProposalContext
+from kforge_tui.search.proposers.base import Proposal, ProposalContext, source_key
 
 SHRINK = ("threads", "vec", "warps", "lanes", "channels", "unroll", "chunks", "splits", "cluster", "keep",
           "rows")
@@ -57,6 +59,8 @@ class BuiltinProposer:
 
     def __init__(self, families=designs_for):
         self._families = families
+        # task id -> points whose kernel renders like one already tried (passed over for good)
+        self._alike: dict[str, set[str]] = {}
 
     # ------------------------------------------------------------------ protocol
     async def propose(self, ctx: ProposalContext) -> Proposal:
@@ -69,13 +73,19 @@ class BuiltinProposer:
             return Proposal(None, "exhausted", self.name, exhausted=True,
                             error="no untried parameter point is reachable from this node")
         rng = random.Random(f"{ctx.seed}:{ctx.parent.node_id}:{len(ctx.siblings)}:{len(ctx.tried)}")
-        mv = rng.choices(moves, weights=[m.prior for m in moves], k=1)[0]
-        try:
-            src = mv.family.render(task, mv.params)
-        except Exception as e:
-            return Proposal(None, mv.action, self.name, params=mv.full, error=f"render failed: {e}")
-        return Proposal(src, mv.action, self.name, params=mv.full,
-                        exhausted=len(moves) == 1)
+        while moves:  # drawn by prior; a point that renders a kernel tried already is passed over
+            mv = rng.choices(moves, weights=[m.prior for m in moves], k=1)[0]
+            try:
+                src = mv.family.render(task, mv.params)
+            except Exception as e:
+                return Proposal(None, mv.action, self.name, params=mv.full, error=f"render failed: {e}")
+            if source_key(src) not in ctx.sources:
+                return Proposal(src, mv.action, self.name, params=mv.full, exhausted=len(moves) == 1)
+            self._alike.setdefault(task.task_id, set()).add(_key(mv.full))
+            moves.remove(mv)
+        return Proposal(None, "exhausted", self.name, exhausted=True,
+                        error="every untried parameter point reachable from this node renders a kernel "
+                              "already tried")
 
     def can_expand(self, ctx: ProposalContext) -> bool:
         try:
@@ -96,7 +106,7 @@ class BuiltinProposer:
         fams = [f for f in self._designs(task, ctx) if self._usable(f, ctx)]
         if not fams:
             return []
-        seen = {_key(p) for p in ctx.tried if p}
+        seen = {_key(p) for p in ctx.tried if p} | self._alike.get(task.task_id, set())
         seen |= {_key(n.params) for n in ctx.siblings if n.params}
         pp = dict(ctx.parent.params or {})
         parent_fam = next((f for f in fams if f.name == pp.get("family")), None)
