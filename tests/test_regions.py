@@ -221,3 +221,17 @@ def test_a_family_kernel_serves_a_region_through_its_binding(tmp_path, fn, args)
     outs = [torch.full(m.shape, float("nan")) for m in t.outputs]
     assert fnc(*t.signature().call_args(ins, outs)) == 0
     torch.testing.assert_close(outs[0], t.reference(ins)[0], rtol=1e-4, atol=1e-5)
+
+
+class _ViewThenGelu(torch.nn.Module):
+    def forward(self, x):
+        h = x.view(8, 64)
+        return torch.nn.functional.gelu(h) * 2.0
+
+
+def test_a_region_names_its_first_real_op_line_not_a_leading_view():
+    """GPT-2's attention, GELU and LayerNorm all pointed at one `x.view(size_out)` line."""
+    from kforge_tui.regions.build import tasks_of
+
+    (t,) = [t for t in tasks_of(_ViewThenGelu(), (torch.randn(2, 4, 64),)) if "gelu" in t.op]
+    assert "gelu(h)" in t.source and "view" not in t.source, t.source

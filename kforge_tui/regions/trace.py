@@ -18,6 +18,7 @@ This module imports only torch and the standard library: exported packages carry
 """
 from __future__ import annotations
 
+import operator
 from typing import Callable
 
 import torch
@@ -122,9 +123,13 @@ def source_line(node: fx.Node) -> str:
 
 
 def source_node(nodes) -> fx.Node:
-    """The first of a region's nodes that carries a model source line (nodes made by AOT
-    autograd's functionalization or Inductor's passes may have none); else the first node."""
-    return next((n for n in nodes if n.meta.get("stack_trace")), nodes[0])
+    """The region's first real op (not a view or a getitem: a leading `x.view(...)` names the
+    line that reshaped its input, GPT-2's attention, GELU and LayerNorm all read as one
+    `x.view(size_out)`) that carries a model source line; else the first node with one (nodes
+    made by AOT autograd's functionalization or Inductor's passes may have none); else the first."""
+    traced = [n for n in nodes if n.meta.get("stack_trace")]
+    real = (n for n in traced if n.target is not operator.getitem and not getattr(n.target, "is_view", False))
+    return next(real, traced[0] if traced else nodes[0])
 
 
 def module_path(node: fx.Node) -> str:
