@@ -227,7 +227,8 @@ def format_end_to_end(r: dict) -> str:
         lines.append("  torch.compile → kforge: " + "; ".join(clocks)
                      + (f" (decided on {r['clock']})" if r.get("clock") else ""))
     for t in (r.get("decision") or {}).get("trials", []):
-        lines.append(f"  {'kept' if t.get('kept') else 'dropped'} {t.get('op') or t['task_id']}: {t.get('why', '')}")
+        what = " ".join([t.get("op") or t["task_id"]] + (["x".join(map(str, t["shape"]))] if t.get("shape") else []))
+        lines.append(f"  {'kept' if t.get('kept') else 'dropped'} {what}: {t.get('why', '')}")
     for tid, n in used.items():
         lines.append(f"  kernel {tid}: {n} calls")
     falls = sorted((r.get("fallbacks") or {}).items(), key=lambda kv: -kv[1])

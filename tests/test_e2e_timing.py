@@ -111,6 +111,10 @@ def test_the_report_names_the_run_to_re_time_and_says_when_no_kernel_is_in_the_m
     text = format_end_to_end(r)
     assert "re-run `kforge apply '/tmp/runs/bert 1' models/hf_bert.py`" in text, text
     assert "no kernel is in the kforge model" in text
+    two = dict(r, decision={"trials": [{"task_id": "a", "op": "add+softmax", "shape": [8, 512], "why": "x"},
+                                       {"task_id": "b", "op": "add+softmax", "shape": [8, 64], "why": "y"}]})
+    lines = format_end_to_end(two)  # one op at two shapes: told apart
+    assert "dropped add+softmax 8x512: x" in lines and "dropped add+softmax 8x64: y" in lines
     kept = dict(r, kernels=[{"task_id": "t", "op": "gelu"}])
     assert "no kernel is in the kforge model" not in format_end_to_end(kept)
     assert "no kernel is in" not in format_end_to_end(dict(r, mode="eager", compile_ms=None))

@@ -31,11 +31,16 @@ class Trial:
     why: str = ""
     calls: int = 0  # kernel calls in one forward
     compile_s: float = 0.0
+    shape: tuple = ()  # the region's shape: what tells two trials of one op apart
+
+    @property
+    def label(self) -> str:
+        return " ".join([self.op or self.task_id] + (["x".join(map(str, self.shape))] if self.shape else []))
 
     def to_json(self) -> dict:
-        return {"task_id": self.task_id, "op": self.op, "expected_us": self.expected_us,
-                "kept": self.kept, "gain": self.gain, "why": self.why, "calls": self.calls,
-                "compile_s": round(self.compile_s, 2)}
+        return {"task_id": self.task_id, "op": self.op, "shape": list(self.shape),
+                "expected_us": self.expected_us, "kept": self.kept, "gain": self.gain, "why": self.why,
+                "calls": self.calls, "compile_s": round(self.compile_s, 2)}
 
 
 @dataclass
@@ -118,7 +123,8 @@ def decide(loaded, specs: list[dict], *, mode: str = "compile", inductor_mode: s
         kept_kernels: list = []
         ranked = sorted(specs, key=lambda s: -expected_gain_us(s, mode))
         for i, spec in enumerate(ranked):
-            tr = Trial(spec["task_id"], spec.get("op", ""), expected_gain_us(spec, mode))
+            tr = Trial(spec["task_id"], spec.get("op", ""), expected_gain_us(spec, mode),
+                       shape=tuple(spec.get("shape") or ()))
             d.trials.append(tr)
             if i >= max_trials:
                 tr.why = f"not tried: only the {max_trials} best-ranked candidates are compiled into the model"
@@ -133,7 +139,7 @@ def decide(loaded, specs: list[dict], *, mode: str = "compile", inductor_mode: s
                 tr.calls = runtime.counts.get(kernel.task_id, 0)
             except Exception as e:  # noqa: BLE001 - one bad kernel must not stop the others
                 tr.why = f"could not run in the model: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-                say(f"  {tr.op}: {tr.why}")
+                say(f"  {tr.label}: {tr.why}")
                 continue
             if not runtime.replaced.get(kernel.task_id):
                 tr.why = "its region was not found in the graph torch.compile captured now"
@@ -146,7 +152,7 @@ def decide(loaded, specs: list[dict], *, mode: str = "compile", inductor_mode: s
                 if not cmp["within_tolerance"]:
                     tr.why = "changes the model's outputs: " + "; ".join(cmp["notes"][:2])
             if tr.why:
-                say(f"  {tr.op}: dropped, {tr.why}")
+                say(f"  {tr.label}: dropped, {tr.why}")
                 rt._RUNTIMES.pop(id(runtime), None)
                 continue
             s = measure.throughput({"current": current, "trial": fn}, inputs, device_type,
@@ -166,7 +172,7 @@ def decide(loaded, specs: list[dict], *, mode: str = "compile", inductor_mode: s
                 rt._RUNTIMES.pop(id(runtime), None)
                 del fn
                 gc.collect()
-            say(f"  {tr.op}: {'kept' if tr.kept else 'dropped'}, {tr.why} ({tr.calls} calls a forward)")
+            say(f"  {tr.label}: {'kept' if tr.kept else 'dropped'}, {tr.why} ({tr.calls} calls a forward)")
         state.restore()
     d.fn = current
     d.seconds = time.perf_counter() - t_start
