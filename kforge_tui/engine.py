@@ -275,7 +275,15 @@ class Engine:
                 continue
             tasks.append(replace(t, calls=row.calls, total_us=row.total_us, share=row.share,
                                  compiled_us=row.compiled_us))
-        chosen = select(tasks, s.ops, s.top, prof)
+        serves, passed = getattr(self._proposer, "serves", None), []
+        chosen = select(tasks, s.ops, s.top, prof, passed=passed,
+                        serves=serves and (lambda t: serves(t, self.languages)))
+        for t in passed:
+            self.log(f"{t.op} {'x'.join(map(str, t.shape))}: passed over, no built-in kernel design fits "
+                     "this region (an LLM can write one: --llm MODEL)")
+        if passed and not chosen:
+            raise UsageError("no region this model's profile ranks has a built-in kernel design; "
+                             "--llm MODEL writes kernels for any region")
         notes = await asyncio.to_thread(save_captures, self.run_dir, chosen, traced)
         for t in chosen:
             self.log(f"{t.task_id}: {t.op} ({t.kind}) at {t.source or t.module or 'the model'}; "

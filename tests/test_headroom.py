@@ -120,3 +120,27 @@ def test_no_headroom_is_one_usage_error_line(tmp_path):
     err = [ln for ln in p.stderr.splitlines() if "error" in ln]
     assert len(err) == 1 and "no region has headroom" in err[0] and "--ops matmul" in err[0], p.stderr
     assert "Traceback" not in p.stderr and not (tmp_path / "r").exists()
+
+
+def test_regions_the_proposer_can_write_nothing_for_are_passed_over_while_top_fills():
+    """GPT-2's attention (q/k/v split from one input) has no built-in design: it took a slot of
+    a first run and ended with 0 candidates. Selection passes it over and says so."""
+    from kforge_tui.workload.select import select
+
+    from kforge_tui.search.proposers.builtin import BuiltinProposer
+
+    ts = _tasks()
+    a, b, c = ts["gelu"], ts["softmax"], ts["linear"]  # ranked by their time: gelu, softmax, linear
+    passed: list = []
+    got = select([a, b, c], None, 2, None, serves=lambda t: t is not a, passed=passed)
+    assert got == [b, c] and passed == [a]
+    assert select([a, b, c], ["gelu"], 2, None, serves=lambda t: False) == [a]  # named: searched anyway
+    assert BuiltinProposer().serves(b) and BuiltinProposer().serves(a, ["cpu"])
+
+    def gpt2_attention(x):  # q, k, v split from one projection, as GPT-2's c_attn gives them
+        q, k, v = x.split(64, -1)
+        heads = lambda t: t.view(2, 16, 2, 32).transpose(1, 2)  # noqa: E731
+        return torch.nn.functional.scaled_dot_product_attention(heads(q), heads(k), heads(v))
+
+    (sdpa,) = [t for t in tasks_of(gpt2_attention, (torch.randn(2, 16, 192),)) if "sdpa" in t.op]
+    assert not BuiltinProposer().serves(sdpa, ["cpu"])

@@ -29,9 +29,12 @@ def matches(task: Task, name: str) -> bool:
             or n in ops or n in task.op.lower().split("+"))
 
 
-def select(tasks: list[Task], ops: list[str] | None, top: int | None, profile=None) -> list[Task]:
+def select(tasks: list[Task], ops: list[str] | None, top: int | None, profile=None, *,
+           serves=None, passed: list | None = None) -> list[Task]:
     """Tasks ranked by headroom (with a profile; else by their time in the forward), filtered
-    by `ops`, capped at `top`; without `ops`, regions with no headroom are left out."""
+    by `ops`, capped at `top`; without `ops`, regions with no headroom are left out, and so are
+    those `serves(task)` says the proposer can write nothing for (they go to `passed`, in rank
+    order, while `top` is filled: a first run's slots go to regions it can search)."""
     rows = {r.task_key: r for r in profile.rows} if profile is not None else None
 
     def room(t: Task) -> float:
@@ -60,6 +63,16 @@ def select(tasks: list[Task], ops: list[str] | None, top: int | None, profile=No
                              f"(--ops {names[0]}; this model has: {', '.join(names[:10])}"
                              f"{' …' if len(names) > 10 else ''})")
         ranked = searched
+    if serves is not None and not ops:
+        out: list[Task] = []
+        for t in ranked:
+            if top and len(out) >= top:
+                break
+            if serves(t):
+                out.append(t)
+            elif passed is not None:
+                passed.append(t)
+        return out
     return ranked[:top] if top else ranked
 
 

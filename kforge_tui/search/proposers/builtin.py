@@ -87,6 +87,17 @@ class BuiltinProposer:
                         error="every untried parameter point reachable from this node renders a kernel "
                               "already tried")
 
+    def serves(self, task: Task, languages=()) -> bool:
+        """Whether any design can write a kernel for this region (else a search of it would end
+        at once with 0 candidates: selection passes it over, workload/select.py)."""
+        try:
+            ctx = ProposalContext(task={}, signature="", canonical="", reference="", device={},
+                                  eager_us=None, compiled_us=None, floor_us=None, parent=None,
+                                  ancestors=[], siblings=[], tried=[], languages=list(languages))
+            return bool(self._designs(task, ctx))
+        except Exception:
+            return False
+
     def can_expand(self, ctx: ProposalContext) -> bool:
         try:
             return bool(self.moves(ctx, Task.from_json(ctx.task)))
