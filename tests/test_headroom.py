@@ -144,3 +144,4 @@ def test_regions_the_proposer_can_write_nothing_for_are_passed_over_while_top_fi
 
     (sdpa,) = [t for t in tasks_of(gpt2_attention, (torch.randn(2, 16, 192),)) if "sdpa" in t.op]
     assert not BuiltinProposer().serves(sdpa, ["cpu"])
+    assert BuiltinProposer().serves(sdpa.with_backend("cuda"), ["triton", "cuda"])  # Inductor's seed

@@ -89,12 +89,14 @@ class BuiltinProposer:
 
     def serves(self, task: Task, languages=()) -> bool:
         """Whether any design can write a kernel for this region (else a search of it would end
-        at once with 0 candidates: selection passes it over, workload/select.py)."""
+        at once with 0 candidates: selection passes it over, workload/select.py). A search in
+        Triton starts from Inductor's own kernel, which the worker compiles later: it serves,
+        and no seed is generated here to find out (that would cache a seed that is not the
+        worker's autotuned one)."""
+        if "triton" in (languages or ()):
+            return True
         try:
-            ctx = ProposalContext(task={}, signature="", canonical="", reference="", device={},
-                                  eager_us=None, compiled_us=None, floor_us=None, parent=None,
-                                  ancestors=[], siblings=[], tried=[], languages=list(languages))
-            return bool(self._designs(task, ctx))
+            return bool(self._families(task))
         except Exception:
             return False
 
