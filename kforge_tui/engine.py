@@ -643,9 +643,9 @@ class Engine:
             self._slots.release()
 
     async def _expand_inner(self, ts: SearchState, leaf, child, node_id: int, ctx: ProposalContext) -> None:
-        tid = ts.task.task_id
         from kforge_tui.search import context
 
+        tid = ts.task.task_id
         context.refresh(ctx, ts.views, node_id)  # expansions reserved together see each other's
         try:
             proposal = await self._proposer.propose(ctx)

@@ -187,20 +187,19 @@ async def test_generated_designs_serve_regions_no_family_fits():
 async def test_a_point_that_renders_a_kernel_already_tried_is_passed_over():
     """T5's RMSNorm on the cpu: `math` changes no function its ops call, so four points were
     four identical kernels. A point whose kernel is in ctx.sources is passed over for good."""
-    from kforge_tui.search.proposers.base import source_key
     from kforge_tui.search.proposers.builtin import _key
 
     task = task_of((64, 512), "cpu")
     prop = BuiltinProposer()
     first = await prop.propose(ctx_for(task, ROOT, "root"))
     ctx = ctx_for(task, node(1, first.params), "improve", tried=[first.params])
-    ctx.sources = {source_key(first.source)}
+    ctx.sources = {first.source}
     second = await prop.propose(ctx)
     assert second.source and len(prop.moves(ctx, task)) > 2
-    ctx.sources.add(source_key(second.source))  # tried already: under another point, say
+    ctx.sources.add(second.source)  # tried already: under another point, say
     third = await prop.propose(ctx)  # the same draw comes first; its kernel is passed over
-    assert third.source and source_key(third.source) not in ctx.sources
+    assert third.source and third.source not in ctx.sources
     assert _key(second.params) not in {_key(m.full) for m in prop.moves(ctx, task)}
-    ctx.sources |= {source_key(m.family.render(task, m.params)) for m in prop.moves(ctx, task)}
+    ctx.sources |= {m.family.render(task, m.params) for m in prop.moves(ctx, task)}
     last = await prop.propose(ctx)  # every point renders a kernel tried: nothing, and why
     assert last.source is None and "already tried" in last.error and not prop.can_expand(ctx)

@@ -8,7 +8,7 @@ then, or the built-in proposer picks one point (or one kernel under two names) t
 from __future__ import annotations
 
 from kforge_tui.regions.task import Task
-from kforge_tui.search.proposers.base import NodeView, ProposalContext, source_key
+from kforge_tui.search.proposers.base import NodeView, ProposalContext
 
 
 def abi_text(task: Task) -> str:
@@ -51,4 +51,4 @@ def refresh(ctx: ProposalContext, views: dict[int, NodeView], node_id: int | Non
     one of its siblings)."""
     ctx.tried = [v.params for v in views.values() if v.params]
     ctx.siblings = [v for v in views.values() if v.parent_id == ctx.parent.node_id and v.node_id != node_id]
-    ctx.sources = {source_key(v.source) for v in views.values() if v.source}
+    ctx.sources = {v.source for v in views.values() if v.source}

@@ -5,7 +5,6 @@ network) and `llm.LLMProposer` (any litellm model). The MCTS never knows which o
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,11 +24,6 @@ class NodeView:
     speedup: float | None = None
     resources: dict = field(default_factory=dict)
     error_log: str = ""  # static/compile log, or the mismatch report, for repairs
-
-
-def source_key(source: str) -> str:
-    """A kernel's identity for "tried already": its source text, exactly."""
-    return hashlib.sha1(source.encode()).hexdigest()
 
 
 @dataclass
@@ -52,8 +46,9 @@ class ProposalContext:
     # the kernel languages this search may propose in (search/languages.py); [] means the
     # task's own backend only. `auto` on a GPU: ["triton", "cuda"]
     languages: list = field(default_factory=list)
-    # source_key of every kernel of this task so far, in flight included: a
-    # proposer need not send one again under another name (two points may render alike)
+    # the source of every kernel of this task so far, in flight included: a proposer need not
+    # send one again under another name (two points may render alike). The texts themselves:
+    # a str caches its hash, so the set costs no hashing of sources per expansion
     sources: set = field(default_factory=set)
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from kforge_tui.regions.task import Task
 from kforge_tui.search.designs import Design, designs_for, designs_in
 from kforge_tui.search.families._common import ELEM_BYTES
-from kforge_tui.search.proposers.base import Proposal, ProposalContext, source_key
+from kforge_tui.search.proposers.base import Proposal, ProposalContext
 
 SHRINK = ("threads", "vec", "warps", "lanes", "channels", "unroll", "chunks", "splits", "cluster", "keep",
           "rows")
@@ -79,7 +79,7 @@ class BuiltinProposer:
                 src = mv.family.render(task, mv.params)
             except Exception as e:
                 return Proposal(None, mv.action, self.name, params=mv.full, error=f"render failed: {e}")
-            if source_key(src) not in ctx.sources:
+            if src not in ctx.sources:
                 return Proposal(src, mv.action, self.name, params=mv.full, exhausted=len(moves) == 1)
             self._alike.setdefault(task.task_id, set()).add(_key(mv.full))
             moves.remove(mv)
