@@ -227,7 +227,7 @@ def _check_run_dir(settings) -> None:
     read-only directory, a path under a file and /proc are the user's input, not a crash."""
     import tempfile
 
-    from kforge_tui.engine import default_run_dir
+    from kforge_tui.run_settings import default_run_dir
 
     target = Path(settings.run_dir).expanduser() if settings.run_dir else default_run_dir(settings)
     what = f"--run-dir {settings.run_dir}" if settings.run_dir else f"the run directory {target}"

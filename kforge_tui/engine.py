@@ -22,7 +22,7 @@ from kforge_tui import events as ev
 from kforge_tui.errors import UsageError
 from kforge_tui.evaluators import (  # noqa: F401 (re-exported)
     _Slots, default_parallel, device_of, kernel_backends, PoolPerLanguage)
-from kforge_tui.run_settings import OptimizeSettings, default_run_dir, settings_for_resume  # noqa: F401
+from kforge_tui.run_settings import OptimizeSettings, reserve_run_dir, settings_for_resume  # noqa: F401
 from kforge_tui.sandbox.result import EvaluatorLost
 from kforge_tui.search.languages import route, search_plan
 from kforge_tui.workload.select import check_ops
@@ -211,16 +211,26 @@ class Engine:
     def _create_store(self, info, proposer) -> None:
         from kforge_tui.store import RunStore
 
+        existed = self.run_dir is not None and self.run_dir.exists()
         if self.run_dir is None:
-            self.run_dir = default_run_dir(self.settings)
+            try:  # made here, so removed with the run if it fails
+                self.run_dir = reserve_run_dir(self.settings)
+            except OSError as e:
+                raise UsageError(f"cannot create a run directory under {self.settings.run_root}: "
+                                 f"{e.strerror or e}") from None
         if (self.run_dir / "run.db").exists():
             raise UsageError(f"{self.run_dir} already holds a run; use `kforge resume {self.run_dir}` "
                              "or another --run-dir")
-        existed = self.run_dir.exists()
         self.settings.run_dir = str(self.run_dir)
-        self.store = RunStore.create(self.run_dir, model=self.settings.model,  # 0700, owner lock held
-                                     settings=self.settings.to_json(), device=info.to_json(),
-                                     proposer=proposer.name)
+        try:
+            self.store = RunStore.create(self.run_dir, model=self.settings.model,  # 0700, owner lock held
+                                         settings=self.settings.to_json(), device=info.to_json(),
+                                         proposer=proposer.name)
+        except BaseException:
+            if not existed:  # all in it is this call's
+                import shutil
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
         self._made_dir = not existed
 
     def _discard_run(self) -> None:

@@ -42,9 +42,30 @@ class OptimizeSettings:
 
 
 def default_run_dir(settings: OptimizeSettings) -> Path:
+    """`<run_root>/<model stem>-<date>-<time>`, with `-2`, `-3`, ... when that path is taken: two
+    runs started in the same second (a script, a test suite) must not share a run directory."""
     stem = Path(settings.model.split(":")[0]).stem or "model"
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path(settings.run_root).expanduser() / f"{stem}-{stamp}"
+    base = Path(settings.run_root).expanduser() / f"{stem}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def reserve_run_dir(settings: OptimizeSettings) -> Path:
+    """A new default run directory, created (0700) by this process: `mkdir` either makes it or
+    fails, so of two runs that picked the same name in the same second only one gets it and the
+    other takes the next."""
+    for _ in range(1000):
+        path = default_run_dir(settings)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        return path
+    raise OSError(f"no free run directory under {settings.run_root}")
 
 
 def settings_for_resume(run_dir: str) -> OptimizeSettings:
