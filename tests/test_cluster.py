@@ -245,10 +245,11 @@ def test_optimize_on_the_cluster_loses_nothing_when_a_node_dies(cluster, tmp_pat
     survivor = (good - {victim[:8]}).pop()
     late = [r for r in rows if r["finished"] and r["finished"] > t_kill + 1 and r["worker"]]
     assert late and all(_node_of(r["worker"]) == survivor for r in late), late
-    # the candidate in flight on the dead node went back in the queue and was evaluated elsewhere
+    # the evaluation in flight on the dead node (a candidate, or a winner's re-timing when the
+    # slot frozen was re-timing one) went back in the queue and was evaluated elsewhere
     logs = [e["message"] for e in _events(run / "run.db") if e.get("type") == "LogLine"]
     assert any("re-queued" in m and victim[:8] in m for m in logs), logs[-20:]
-    moved = [r for r in search if "re-queued" in (json.loads(r["result"] or "{}").get("log") or "")]
+    moved = [r for r in rows if "re-queued" in (json.loads(r["result"] or "{}").get("log") or "")]
     assert moved and all(_node_of(r["worker"]) == survivor for r in moved), moved
     if cluster.bad is not None:
         assert any("refused" in m and cluster.bad[:8] in m for m in logs), logs[:20]
@@ -314,3 +315,29 @@ def test_a_cluster_that_stops_answering_stops_the_run_and_resume_goes_on_here(cl
     assert len(search) == budget and all(r["status"] != "pending" for r in search)
     new = [r for i, r in after.items() if i not in before and r["worker"]]
     assert new and all(r["worker"].startswith("local/") for r in new), new
+
+
+def test_a_disconnected_evaluator_never_starts_a_ray_of_its_own():
+    """Past its Ray Client's reconnect grace period the driver is disconnected; any Ray call
+    then auto-started (or joined) some local Ray inside ray.init, on the event loop: the run
+    hung instead of stopping. Dropping a lost slot and the watcher's next look must not call
+    Ray at all. In a fresh process, so that Ray is imported the way the CLI imports it."""
+    code = """
+import asyncio, time
+from kforge_tui.cluster import executor as X
+ray = X._ray()
+ev = X.RayEvaluator("ray://127.0.0.1:9", "cpu", wait_s=1)
+slot = X._Slot(actor=object(), node_id="n", node="h:n", label="h:n/cpu0")
+t = time.monotonic()
+ev._drop(slot, "its node left the cluster")  # kills the actor: nobody to ask
+try:
+    asyncio.run(ev._discover())
+    raise SystemExit("_discover answered while disconnected")
+except ConnectionError:
+    pass
+assert not ray.is_initialized() and slot.dead and time.monotonic() - t < 5, time.monotonic() - t
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT),
+                       env={k: v for k, v in _env().items() if k != "RAY_ADDRESS"}, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]

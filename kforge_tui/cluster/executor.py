@@ -45,6 +45,10 @@ DEFAULT_WAIT_S = 120.0
 
 
 def _ray():
+    # Ray's auto-init starts or joins *some* cluster on any API call made while disconnected
+    # (a Ray Client past its reconnect grace period): a ray.kill of a lost slot then blocked the
+    # event loop in ray.init. This process connects only through connect_ray.
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     try:
         import ray
     except ImportError:
@@ -291,6 +295,8 @@ class RayEvaluator:
         whose node left. Raises when the cluster does not answer. Admissions run in the
         background unless `wait` (start): a node that died unseen must not stall the watcher."""
         ray = _ray()
+        if not ray.is_initialized():  # a Ray Client that gave up reconnecting
+            raise ConnectionError("disconnected from the cluster")
         nodes = await asyncio.wait_for(asyncio.to_thread(ray.nodes), 30)
         alive = {n["NodeID"]: n for n in nodes if n.get("Alive")}
         for s in self.slots:
@@ -364,8 +370,11 @@ class RayEvaluator:
 
     @staticmethod
     def _kill(actor) -> None:
+        ray = _ray()
+        if not ray.is_initialized():  # disconnected: nobody to ask, and asking would auto-init Ray
+            return
         try:
-            _ray().kill(actor, no_restart=True)
+            ray.kill(actor, no_restart=True)
         except Exception:  # already gone, or the cluster with it
             pass
 
