@@ -147,6 +147,15 @@ def _shape(t: dict) -> str:
     return "x".join(str(s) for s in (t.get("shape") or []))
 
 
+def _status_cell(t: dict) -> str:
+    """The search's status, marked "slower" when its verified best loses to the region's bar
+    (torch.compile where it was timed, else eager): the search ended, but no kernel gains."""
+    bar = t.get("speedup_vs_compile") if t.get("compiled_us") else t.get("speedup")
+    slower = t["verified"] and bar is not None and bar < 1.0
+    return (("✓ " if t["verified"] else "✗ ") + (t.get("status") or "") + (", slower" if slower else "")
+            + (" (noisy leader)" if t.get("noisy_leader") else ""))
+
+
 def format_show(data: dict, width: int | None = None) -> str:
     """The per-op table, fitted to `width` (default: the terminal's): columns that do not fit
     go (floor first), then long op names are shortened; shapes are never cut."""
@@ -162,8 +171,7 @@ def format_show(data: dict, width: int | None = None) -> str:
             ("xc", "vs comp.", [fmt_x(t.get("speedup_vs_compile")) for t in ts]),
             ("floor", "floor", [fmt_us(t.get("floor_us")) for t in ts]),
             ("evals", "evals", [f"{t['evaluated']}/{t['budget']}" for t in ts]),
-            ("status", "status", [("✓ " if t["verified"] else "✗ ") + (t.get("status") or "")
-                                  + (" (noisy leader)" if t.get("noisy_leader") else "") for t in ts])]
+            ("status", "status", [_status_cell(t) for t in ts])]
     if not any(t.get("compiled_us") for t in ts):
         cols = [c for c in cols if c[0] not in ("compile", "xc")]
     head = _clip(f"[{data.get('status')}] run {data['run_dir']}  model {data.get('model')}", width)

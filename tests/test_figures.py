@@ -164,6 +164,25 @@ def test_the_summary_fits_the_terminal_and_names_the_model():
     assert "kforge apply /runs/r1 sample_models/resnet50.py" in steps and "MODEL" not in steps
 
 
+def test_a_verified_best_that_loses_to_its_bar_reads_slower():
+    """A search that ended with a kernel slower than the region's bar (compile where timed,
+    else eager) says so: "✓ done" alone read as a gain."""
+    def row(op, best, compiled):
+        return {"op": op, "shape": [8, 8], "dtype": "float32", "baseline_us": 100.0, "compiled_us": compiled,
+                "best_us": best, "speedup": 100.0 / best,
+                "speedup_vs_compile": compiled / best if compiled else None, "evaluated": 4, "budget": 4,
+                "verified": True, "status": "done"}
+    data = {"run_dir": "/r", "model": "m.py", "status": "finished",
+            "tasks": [row("gain", 50.0, 60.0), row("beats_eager_only", 80.0, 60.0), row("eager_bar", 120.0, None)]}
+    lines = {ln.split()[0]: ln for ln in format_show(data, width=160).splitlines()[3:6]}
+    assert lines["eager_bar"].endswith("✓ done, slower")  # no compile figure: its bar is eager
+    assert lines["gain"].endswith("✓ done")
+    assert lines["beats_eager_only"].endswith("✓ done, slower")  # 1.25x eager, 0.75x compile
+    data["tasks"] = [row("eager_bar", 120.0, None), row("eager_gain", 90.0, None)]
+    lines = {ln.split()[0]: ln for ln in format_show(data, width=160).splitlines()[3:5]}
+    assert lines["eager_bar"].endswith("✓ done, slower") and lines["eager_gain"].endswith("✓ done")
+
+
 async def test_every_speedup_in_the_tui_divides(run):
     app = KforgeApp(run_dir=str(run), follow=True)
     async with app.run_test(size=(120, 40)) as pilot:
