@@ -20,15 +20,17 @@ def capture(session: str) -> str:
     return subprocess.run(["tmux", "capture-pane", "-t", session, "-p"], capture_output=True, text=True).stdout
 
 
-def wait_for(session: str, needle: str, timeout: float = 30.0) -> str:
+def wait_for(session: str, *needles: str, timeout: float = 30.0) -> str:
+    """The first screen that shows every needle at once (a loaded machine paints in parts)."""
     end = time.time() + timeout
     screen = ""
     while time.time() < end:
         screen = capture(session)
-        if needle in screen:
+        if all(n in screen for n in needles):
             return screen
         time.sleep(0.2)
-    raise AssertionError(f"{needle!r} never appeared; screen was:\n{screen}")
+    missing = [n for n in needles if n not in screen]
+    raise AssertionError(f"{missing!r} never appeared; screen was:\n{screen}")
 
 
 @pytest.mark.slow
@@ -40,8 +42,7 @@ def test_follow_run_in_tmux(tmp_path):
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", cmd], check=True)
     try:
         screen = wait_for(session, "operators")
-        screen = wait_for(session, "★")
-        assert "softmax" in screen and "layer_norm" in screen and "NVIDIA H200" in screen
+        wait_for(session, "★", "softmax", "layer_norm", "NVIDIA H200")
         subprocess.run(["tmux", "send-keys", "-t", session, "f"], check=True)  # next failure
         screen = wait_for(session, "first error at source line 7")
         subprocess.run(["tmux", "send-keys", "-t", session, "?"], check=True)
