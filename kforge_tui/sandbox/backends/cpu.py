@@ -34,6 +34,13 @@ def available_bytes() -> int:
 
 
 def llc_bytes() -> int:
+    """The last-level cache: KFORGE_CPU_LLC_BYTES, else the largest cache sysfs lists for cpu0
+    (a VM may list its host's, or none: 32 MiB then). It sets the flush buffer and when a set
+    is too big for rotating sets to matter (supervisor.plan_sets)."""
+    from kforge_tui.sandbox.settings import setting
+
+    if setting("KFORGE_CPU_LLC_BYTES"):
+        return int(setting("KFORGE_CPU_LLC_BYTES"))
     best = 0
     for idx in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         try:
