@@ -114,3 +114,24 @@ def test_cuda_profile_uses_device_time():
     p = profile_regions(lm, traced, compile_top=1)
     assert p.device.startswith("cuda") and p.total_us > 0
     assert all(r.total_us > 0 for r in p.rows if r.target)
+
+
+def test_a_busy_cpu_is_said_in_the_profile(monkeypatch):
+    """On a CPU already running other work the profile's wall-clock times come in scheduler
+    ticks; the profile says so (and a quiet machine, or a GPU, gets no such note)."""
+    import os
+
+    from kforge_tui.workload import profile as P
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (7.3, 5.0, 4.0))
+    note = P.busy_note("cpu")
+    assert note and "load 7.3 on 2 CPUs" in note and "noisy" in note
+    assert P.busy_note("cuda:0") is None
+    lm = load_model(str(FIX / "tiny.py"))
+    traced = trace_model(lm, "cpu", max_calls=1)
+    assert note in profile_regions(lm, traced, compile_top=0, budget_s=0.02).notes
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.9, 2.0, 2.0))  # under 1.5 per CPU
+    assert P.busy_note("cpu") is None
+    monkeypatch.setattr(os, "getloadavg", lambda: (_ for _ in ()).throw(OSError("none here")))
+    assert P.busy_note("cpu") is None

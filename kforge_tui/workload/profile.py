@@ -22,6 +22,7 @@ side by side with eager and torch.compile (sandbox/bench.py).
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -149,6 +150,7 @@ def profile_regions(loaded, traced, *, compile_top: int = 5, budget_s: float = 0
                     on_progress=None) -> Profile:
     """Rows for every task and unsupported region of `traced`, heaviest first."""
     device = str(loaded.device)
+    busy = busy_note(device)  # before our own timing loops add to the load
     timer = _Timer(device)
     with torch.inference_mode():
         fwd = timer(loaded.run, budget_s=max(budget_s, 0.5), max_iters=20)
@@ -176,7 +178,7 @@ def profile_regions(loaded, traced, *, compile_top: int = 5, budget_s: float = 0
     if summed > fwd > 0:
         for r in rows:
             r.share = r.total_us / summed
-    notes = []
+    notes = [busy] if busy else []
     tasks = {r.task.key: r.task for r in records}
     # torch.compile of the heaviest regions alone (bare GEMMs/convs are the vendor's: skipped)
     heavy = [r for r in rows if r.target and not vendor_op(tasks[r.task_key])]
@@ -215,6 +217,27 @@ def profile_regions(loaded, traced, *, compile_top: int = 5, budget_s: float = 0
     if not any(r.target for r in rows):
         notes.append("no region kforge can write a kernel for")
     return Profile(rows=rows, total_us=fwd, device=device, iters=1, notes=notes)
+
+
+BUSY_LOAD = 1.5  # load average per usable CPU above which the CPU's times are called noisy
+
+
+def busy_note(device: str) -> str | None:
+    """A note when the CPU that times this profile is already busy: wall-clock times there come
+    in scheduler ticks and the ranking can be off (a 2-core machine running a test suite beside
+    kforge gave regions in 4 ms steps). Only said, never acted on: candidates are re-timed side
+    by side in the sandbox, which sees the same load in its references."""
+    if not device.startswith("cpu"):
+        return None
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average on this platform
+        return None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if load <= BUSY_LOAD * cpus:
+        return None
+    return (f"this machine is busy (load {load:.1f} on {cpus} CPU{'s' * (cpus != 1)}): CPU times are noisy "
+            "and the ranking may be off; candidates are still timed side by side with their references")
 
 
 def _headroom(rows: list[ProfileRow], tasks: dict, device: str) -> None:
