@@ -33,6 +33,7 @@ def test_backend_needs_a_gpu_for_cuda_and_is_validated(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # over its run's own 20-minute limit: Inductor's seed interprets at ~10 s a call
 def test_triton_backend_searches_with_the_llm_under_the_interpreter(fake_llm, tmp_path):
     import re
 
