@@ -15,7 +15,7 @@ def test_a_taken_default_run_dir_is_passed_over(tmp_path):
     first.mkdir()
     second = default_run_dir(s)
     assert second != first and not second.exists()
-    assert second.name.startswith(first.name) or second.name.startswith("tiny-")
+    assert second.name == f"{first.name}-2" or second.name[:len("tiny-20261202-000000")] != first.name
 
 
 def test_runs_reserving_at_once_get_distinct_private_dirs(tmp_path):
