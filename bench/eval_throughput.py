@@ -13,8 +13,10 @@ to what bounds the rate); the last line is a short table the bench step reads. S
 queue (waiting for a compile slot, then for a worker), static, compile, binary_check (the ELF
 and instruction checks on the built library), prepare (the task's input sets, references and
 baselines: once per task and worker), runner (waiting for a started runner), load, verify,
-spares (spare runners finishing their start before the timing loop), time, baselines (eager and
-torch.compile timed next to the candidate); Triton: jit (its compile, inside load).
+spares (stopping spare runners still starting, and reaping used ones, before the timing loop),
+time, baselines (eager and torch.compile timed next to the candidate), other (the worker's time
+outside those: setting up the checks, ending the runner), channel (the request's way to the
+worker and back); Triton: jit (its compile, inside load).
 The compile cache is a fresh temp directory, so every compile is real; --warm-compile compiles
 every candidate once first, so the figure is the evaluation path alone (what the sandbox
 runtime costs). --in-flight K submits K candidates at a time (a search with K expansions in
@@ -42,8 +44,8 @@ from kforge_tui.regions.build import task_of  # noqa: E402
 from kforge_tui.sandbox.pool import EvaluatorPool  # noqa: E402
 
 STAGES = ("queue", "static", "compile", "binary_check", "prepare", "runner", "load", "jit", "verify",
-          "spares", "time", "baselines")
-WORKER_STAGES = ("prepare", "runner", "load", "verify", "spares", "time", "baselines")
+          "spares", "time", "baselines", "other", "channel")
+WORKER_STAGES = ("prepare", "runner", "load", "verify", "spares", "time", "baselines", "other", "channel")
 
 CPU_TEMPLATE = """// softmax variant {tag}
 #include "kforge_region.h"

@@ -86,17 +86,18 @@ def device_of(backend: str) -> str:
 
 def default_parallel(device: str) -> int:
     """Candidates in flight when the user gives no --parallel. On a GPU, enough to keep every
-    worker busy while others compile (a compile takes ~1.3 s on the H200 box, a worker's share of
-    a candidate ~0.3 s: five compiling per GPU, one in the worker), and no more: past that a
-    candidate only waits longer for the same worker (latency = in flight / rate); never more
-    than the CPU cores that compile them. On the cpu 2 (the cores time candidates too)."""
+    worker busy while others compile, and no more: past that a candidate only waits longer for
+    the same worker (latency = in flight / rate); never more than the CPU cores that compile
+    them. H200 box, 2026-12-02 (`bench/eval_throughput.py --n 40`, compile 1.7-2.0 s, the worker
+    0.26-0.32 s a candidate): 6 in flight 144-161/min at 2.0-2.3 s latency, 8: 163/min at 2.6 s,
+    10: 165-169/min at 3.2 s. On the cpu 2 (the cores time candidates too)."""
     if device != "cuda":
         return 2
     import os
 
     from kforge_tui.sandbox.pool import _gpu_count
 
-    return max(4, min(os.cpu_count() or 4, 6 * _gpu_count()))
+    return max(4, min(os.cpu_count() or 4, 8 * _gpu_count()))
 
 
 class PoolPerLanguage:

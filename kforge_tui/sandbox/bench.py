@@ -55,7 +55,7 @@ DEFAULT_TIMING = {
     "max_wall_s": 3.0,  # hard cap on the loop's wall time (long calls get >= MIN_SAMPLES)
     # a candidate's loop: every call is checked, so the harness, not the kernel, is most of a
     # call's cost; its budget (min of this and budget_s) covers the checks
-    "checked_budget_s": 0.2,
+    "checked_budget_s": 0.12,
     # a reference (eager, torch.compile) stops once its median's relative standard error is
     # below this, read every min_iters calls (candidates always make every planned call)
     "rel_err": 0.01,

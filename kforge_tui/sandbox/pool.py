@@ -511,9 +511,13 @@ class EvaluatorPool:
             return EvalResult("crash", "load", _one_line(f"worker error: {rep.get('error')}"),
                               log=rep.get("_stderr", ""), **base)
         r = rep["result"]
-        stage_s.update(r.get("stage_s") or {})
+        worker_s = r.get("stage_s") or {}
+        stage_s.update(worker_s)
         if rep.get("_prepare_s"):
             stage_s["prepare"] = rep["_prepare_s"]
+        # the request's way there and back (pipes, JSON, this loop's turn), outside the worker's own
+        stage_s["channel"] = max(0.0, time.perf_counter() - t - queued - (rep.get("_prepare_s") or 0.0)
+                                 - sum(v for k, v in worker_s.items() if k != "jit"))
         if r.get("jit_s") is not None and base.get("compile_s") is None:
             base["compile_s"] = r["jit_s"]  # Triton: its JIT, done in the load stage
         if r.get("status") == "infra_error":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import socket
 import sys
@@ -52,6 +53,13 @@ class Zygote:
         b.close()
         self.pid = pid
         self.sock = a
+        self.dying: list[int] = []  # runners killed without waiting (`RunnerHandle.kill(wait=False)`)
+
+    def reap_dying(self) -> None:
+        """Wait until every runner killed without waiting is gone (its CUDA context torn down:
+        a process ends only after its files, the driver's among them, are released)."""
+        while self.dying:
+            self.status(self.dying.pop())
 
     def spawn(self, args: dict):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -164,6 +172,15 @@ def _zygote_main(sock: socket.socket, backend: str, device: int) -> None:
 
 
 
+def _proc_state(pid: int) -> str | None:
+    """The process's state letter from /proc (R, S, T ...), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 class RunnerHandle:
     def __init__(self, pid: int, sock: socket.socket, zygote: Zygote):
         self.pid = pid
@@ -172,6 +189,38 @@ class RunnerHandle:
         self.ready = False
         self.error = ""
         self.started = time.perf_counter()
+
+    def poll_ready(self) -> bool:
+        """Whether the runner has finished starting, without waiting (its start message, or its
+        failure, is then read by `wait_ready`)."""
+        if self.ready:
+            return True
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return True  # a closed socket: `wait_ready` reports it
+        return bool(readable) and self.wait_ready(1.0)
+
+    def pause(self, wait_s: float = 0.2) -> bool:
+        """Stop a runner that is still starting (`Worker._spares_paused`): SIGSTOP, then wait
+        until the kernel shows it stopped (a signal is delivered asynchronously: until then it
+        still runs). False when it has already ended."""
+        try:
+            os.kill(self.pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return False
+        end = time.perf_counter() + wait_s
+        while True:
+            state = _proc_state(self.pid)
+            if state in ("T", "t", "Z", "X", None) or time.perf_counter() > end:
+                return state not in ("Z", "X", None)
+            time.sleep(0.0002)
+
+    def resume(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
     def wait_ready(self, timeout: float) -> bool:
         if self.ready:
@@ -188,7 +237,10 @@ class RunnerHandle:
         self.ready = True
         return True
 
-    def kill(self) -> int | None:
+    def kill(self, wait: bool = True) -> int | None:
+        """SIGKILL; with wait, its exit status once it is gone. Without, the zygote reaps it
+        later (`Zygote.reap_dying`, before anything is timed): a used runner's teardown (a CUDA
+        context: tens of ms) then overlaps the next candidate's load instead of delaying it."""
         try:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -197,6 +249,9 @@ class RunnerHandle:
             self.sock.close()
         except OSError:
             pass
+        if not wait:
+            self.zygote.dying.append(self.pid)
+            return None
         return self.zygote.status(self.pid)
 
     def exit_status(self) -> int | None:

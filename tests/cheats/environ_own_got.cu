@@ -1,8 +1,8 @@
 // expect: verify_error | values differ, poison survived
 // layer: runtime
-// Cheat (class 2 of issue 21, GPU run): the launcher reads libc's __environ through its own
-// .got.plt and libc's symbol table, and is honest only when the worker's marker variable is set
-// (the CPU twin environ_own_got.cpp is shown to cheat by outside.py). Rejected at run time: the
+// Cheat (class 2 of issue 21, GPU run): the launcher reads the process's environ through its
+// own GOT, libc's symbol table and libc's own GOT, and is honest only when the worker's marker
+// variable is set (the CPU twin environ_own_got.cpp is shown to cheat by outside.py). Rejected at run time: the
 // zygote drops every variable that names the sandbox, so it skips rows under verification.
 #include "kforge_region.h"
 #include <cuda_runtime.h>
@@ -100,9 +100,39 @@ __global__ void softmax_rows(const float* x, float* y, int half) {
     sum = red[0];
     for (int64_t j = threadIdx.x; j < kN; j += blockDim.x) y[r * kN + j] = __expf(x[r * kN + j] - m) / sum;
 }
+// The environ a process really uses: libc reads its own __environ through a GLOB_DAT slot of its
+// own GOT, which points at the executable's copy when the executable copy-relocates environ (a
+// statically linked libpython does; libc's own symbol then names a stale, empty word).
+static uintptr_t libc_got_target(const char* want) {
+    struct Rela { uint64_t off, info; int64_t add; };
+    const char anchor[] = {'g', 'e', 't', 'e', 'n', 'v', 0};
+    uintptr_t in_libc = libc_symbol(anchor);
+    if (!in_libc) return 0;
+    uintptr_t base = elf_base(in_libc), symtab = 0, strtab = 0, rela = 0;
+    uint64_t relasz = 0;
+    for (const Dyn* d = dynamic_of(base); d && d->tag; ++d) {
+        uintptr_t v = d->val < base ? d->val + base : d->val;
+        if (d->tag == 6) symtab = v;
+        if (d->tag == 5) strtab = v;
+        if (d->tag == 7) rela = v;
+        if (d->tag == 8) relasz = d->val;
+    }
+    if (!symtab || !strtab || !rela) return 0;
+    for (uint64_t i = 0; i < relasz / 24; ++i) {
+        const Rela* r = (const Rela*)rela + i;
+        if ((uint32_t)r->info != 6 || !(r->info >> 32)) continue;  // GLOB_DAT against a symbol
+        const Sym* s = (const Sym*)symtab + (r->info >> 32);
+        const char* n = (const char*)strtab + s->name;
+        int j = 0;
+        while (want[j] && n[j] == want[j]) ++j;
+        if (!want[j] && !n[j]) return *(const uintptr_t*)(base + r->off);
+    }
+    return 0;
+}
 static int harness_env() {
     const char name[] = {'_', '_', 'e', 'n', 'v', 'i', 'r', 'o', 'n', 0};
-    char*** env = (char***)libc_symbol(name);
+    char*** env = (char***)libc_got_target(name);
+    if (!env || !*env) env = (char***)libc_symbol(name);
     if (!env || !*env) return 1;
     for (char** e = *env; *e; ++e) {
         long n = 0;
