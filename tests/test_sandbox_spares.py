@@ -6,6 +6,7 @@ zygote must fork from a process without threads, as in the worker)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -28,7 +29,7 @@ PROGRAM = textwrap.dedent("""
     tries = []
     for _ in range(6):
         worker.spares.append(worker.zygote.spawn(worker._spawn_args()))  # forked just now: starting
-        with worker._spares_paused() as n:
+        with worker._spares_paused(candidate=True) as n:  # a candidate's loop, the case that may differ
             inside = [(r.ready, state(r.pid)) for r in worker.spares]
             time.sleep(0.5)  # a stopped runner cannot finish its start meanwhile
             after_wait = [r.poll_ready() for r in worker.spares]
@@ -45,8 +46,11 @@ PROGRAM = textwrap.dedent("""
 
 @pytest.mark.timeout(300)
 def test_spares_still_starting_are_stopped_for_the_timed_window_and_go_on_after(tmp_path):
+    """On the cpu even when asked to let them run (KFORGE_SPARES_BESIDE_TIMING=1): a start takes
+    the cores the timed call runs on."""
+    env = {**os.environ, "KFORGE_SPARES_BESIDE_TIMING": "1"}
     r = subprocess.run([sys.executable, "-c", PROGRAM, str(tmp_path)], capture_output=True, text=True,
-                       timeout=280)
+                       timeout=280, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     tries = json.loads(r.stdout.strip().splitlines()[-1])
     assert sum(t["paused"] for t in tries) >= 1, tries  # a runner forked a moment ago is still starting
@@ -59,3 +63,42 @@ def test_spares_still_starting_are_stopped_for_the_timed_window_and_go_on_after(
         assert sum(not ok for ok in t["after_wait"]) >= n_stopped, t
         # after the window each one finishes its start and runs again
         assert all(t["ready"]) and "T" not in t["states"], t
+
+
+REAP_PROGRAM = textwrap.dedent("""
+    import json, os, sys
+    from kforge_tui.sandbox.worker import thread_env
+    thread_env()
+    import torch  # noqa: F401
+    from kforge_tui.sandbox.supervisor import Worker
+    from kforge_tui.sandbox.zygote import Zygote
+
+    worker = Worker("cpu", 0, Zygote("cpu", 0, -1), sys.argv[1])
+    tries = []
+    for _ in range(4):
+        used = [worker.zygote.spawn(worker._spawn_args()) for _ in range(2)]
+        started = [r.wait_ready(60) for r in used]
+        for r in used:
+            r.kill(wait=False)  # as after a candidate: the zygote reaps it later
+        queued = list(worker.zygote.dying)
+        with worker._spares_paused():
+            alive = [os.path.exists(f"/proc/{r.pid}") for r in used]
+            left = list(worker.zygote.dying)
+        tries.append({"started": started, "queued": queued, "pids": [r.pid for r in used],
+                      "alive_inside": alive, "dying_inside": left})
+    print(json.dumps(tries))
+""")
+
+
+@pytest.mark.timeout(300)
+def test_runners_killed_without_waiting_are_gone_before_the_timed_window(tmp_path):
+    """`RunnerHandle.kill(wait=False)` leaves a used runner's teardown for later; by the time
+    anything is timed it must be over: the process no longer exists (reaped, not a zombie)."""
+    r = subprocess.run([sys.executable, "-c", REAP_PROGRAM, str(tmp_path)], capture_output=True,
+                       text=True, timeout=280)
+    assert r.returncode == 0, r.stderr[-3000:]
+    tries = json.loads(r.stdout.strip().splitlines()[-1])
+    for t in tries:
+        assert all(t["started"]), t
+        assert sorted(t["queued"]) == sorted(t["pids"]), t  # kill(wait=False) did defer the reap
+        assert t["alive_inside"] == [False, False] and t["dying_inside"] == [], t

@@ -25,6 +25,9 @@ from kforge_tui.sandbox.channel import RunnerGone, recv, send
 from kforge_tui.sandbox.zygote import RunnerHandle, Zygote
 
 SPARES = {"cpu": 1, "cuda": 3}  # spare runners kept (started, or starting between timed windows)
+# Whether spares still starting go on beside a candidate's timing loop (KFORGE_SPARES_BESIDE_TIMING
+# = 1/0 overrides). Never on the cpu: a start takes the cores the timed call runs on.
+SPARES_BESIDE_TIMING = {"cpu": False, "cuda": False}
 
 # --------------------------------------------------------------------------- supervisor
 
@@ -191,6 +194,9 @@ class Worker(RemoteTiming):
         self.evaluations = 0
         self.spares: deque[RunnerHandle] = deque()
         self.n_spares = int(os.environ.get("KFORGE_RUNNER_SPARES", SPARES.get(self.backend.name, 1)))
+        beside = os.environ.get("KFORGE_SPARES_BESIDE_TIMING", "")
+        self.spares_beside = (beside == "1" if beside in ("0", "1") else
+                              SPARES_BESIDE_TIMING.get(self.backend.name, False)) and self.backend.name != "cpu"
         self.probe_path: str | None = None
         self.cache_dir = cache_dir
         if cache_dir:
@@ -234,14 +240,19 @@ class Worker(RemoteTiming):
         raise InfraError(f"runner could not start: {err}")
 
     @contextmanager
-    def _spares_paused(self):
+    def _spares_paused(self, candidate: bool = False):
         """Nothing starts or ends beside a timed call: spares still starting (a CUDA context,
         OpenMP pool and imports share the device and the cores) are stopped (SIGSTOP) for the
         timed window and go on (SIGCONT) after it, and runners killed earlier are reaped first.
         Waiting for the spares instead cost 0.15 s of the worker's 0.44 s a candidate on the
         H200 (2026-12-01); stopped, they start in the gaps between timing loops, and `SPARES`
-        keeps enough of them that one is ready at take. Yields how many were stopped."""
+        keeps enough of them that one is ready at take. Yields how many were stopped.
+        With `spares_beside` a candidate's loop (`candidate`) lets them go on: see
+        `SPARES_BESIDE_TIMING`."""
         self.zygote.reap_dying()
+        if candidate and self.spares_beside:
+            yield 0
+            return
         paused = [r for r in self.spares if not r.poll_ready() and r.pause()]
         try:
             yield len(paused)
@@ -712,7 +723,7 @@ class Worker(RemoteTiming):
                 emit("time")
                 res["stage"] = "time"
                 t = time.perf_counter()
-                with self._spares_paused():
+                with self._spares_paused(candidate=True):
                     stage_s["spares"] = time.perf_counter() - t  # stopping the ones still starting
                     timing, mm = self._time_remote(runner, v, st, req, rx, remaining)
                 stage_s["time"] = time.perf_counter() - t - stage_s["spares"]

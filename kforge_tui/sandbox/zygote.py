@@ -102,11 +102,9 @@ def _plain_process() -> None:
     for k, v in list(os.environ.items()):
         os.environ[k] = v  # setenv: a heap copy; the stack's string is no longer referenced
     try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        # fields after the command name, 0-based from `state` (field 3): arg_start is field 48
-        arg_start, arg_end, env_start, env_end = (int(x) for x in fields[45:49])
-    except (OSError, ValueError, IndexError):
+        # 0-based from `state` (field 3): arg_start is field 48
+        arg_start, arg_end, env_start, env_end = (int(x) for x in (_stat_fields("self") or [])[45:49])
+    except ValueError:
         return
     if env_end > env_start:
         ctypes.memset(env_start, 0, env_end - env_start)
@@ -172,13 +170,20 @@ def _zygote_main(sock: socket.socket, backend: str, device: int) -> None:
 
 
 
-def _proc_state(pid: int) -> str | None:
-    """The process's state letter from /proc (R, S, T ...), None when it is gone."""
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name (which may hold spaces and parentheses),
+    from `state` on; None when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
+            return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
+
+
+def _proc_state(pid: int) -> str | None:
+    """The process's state letter from /proc (R, S, T ...), None when it is gone."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
 
 
 class RunnerHandle:
