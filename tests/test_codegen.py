@@ -486,12 +486,22 @@ def test_cuda_renders_compile(tmp_path):
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc")
-def test_one_cuda_render_compiles_alone(tmp_path):
-    """The plain candidate form (header beside it, nvcc -shared), as the sandbox builds it."""
-    t = case_tasks("layer_norm_bf16", "cuda")[0]
+@pytest.mark.parametrize("case", ["layer_norm_bf16", "softmax_f32", "cast_chain"])
+def test_one_cuda_render_compiles_alone(tmp_path, case):
+    """The plain candidate form (header beside it, nvcc -shared), as the sandbox builds it. The
+    header brings cuda_fp16.h / cuda_bf16.h only for tensors of that type: an f32 region compiles
+    without them, and one that casts through f16 and bf16 inside (cast_chain) gets them from its
+    render."""
+    t = case_tasks(case, "cuda")[0]
     d = designs_of(t)[0]
-    (tmp_path / "kforge_region.h").write_text(t.header("cuda"))
-    (tmp_path / "k.cu").write_text(d.render(t, d.default(t)))
+    header, src = t.header("cuda"), d.render(t, d.default(t))
+    sixteen = {dt for m in (*t.inputs, *t.outputs) for dt in [m.dtype]} & {"float16", "bfloat16"}
+    assert ("#include <cuda_bf16.h>" in header) == ("bfloat16" in sixteen)
+    assert ("#include <cuda_fp16.h>" in header) == ("float16" in sixteen)
+    if case == "cast_chain":
+        assert "#include <cuda_fp16.h>" in src and "#include <cuda_bf16.h>" in src
+    (tmp_path / "kforge_region.h").write_text(header)
+    (tmp_path / "k.cu").write_text(src)
     r = subprocess.run([NVCC, "-O3", "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC", "-std=c++17", "k.cu",
                         "-o", "k.so"], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[:4000]

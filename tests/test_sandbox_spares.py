@@ -102,3 +102,17 @@ def test_runners_killed_without_waiting_are_gone_before_the_timed_window(tmp_pat
         assert all(t["started"]), t
         assert sorted(t["queued"]) == sorted(t["pids"]), t  # kill(wait=False) did defer the reap
         assert t["alive_inside"] == [False, False] and t["dying_inside"] == [], t
+
+
+@pytest.mark.parametrize("name,value", [("KFORGE_SPARES_BESIDE_TIMING", "yes"), ("KFORGE_RUNNER_SPARES", "three")])
+def test_a_bad_worker_setting_is_refused_before_any_worker_starts(tmp_path, monkeypatch, name, value):
+    """In the engine's process, as one line naming the setting (a worker dying of it read as an
+    internal error)."""
+    from kforge_tui.errors import UsageError
+    from kforge_tui.sandbox.pool import EvaluatorPool
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(UsageError, match=f"^{name}='{value}': expected "):
+        EvaluatorPool("cpu", cache_dir=tmp_path)
+    monkeypatch.setenv(name, "1")
+    EvaluatorPool("cpu", cache_dir=tmp_path)  # a good value passes

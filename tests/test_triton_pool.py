@@ -200,9 +200,23 @@ def cheat_files():
     return sorted(p for p in CHEATS.glob("*.py") if not p.name.startswith("_"))
 
 
-RUNTIME_WORDS = {"unwritten": "poison survived", "tolerance": "beyond tolerance",
-                 "inputs": "inputs modified", "outside": "outside the output",
-                 "torch_op": "PyTorch op"}
+# A runtime cheat's class (`# expect: runtime:CLASS |`) -> the verdicts that reject it for that
+# class: the statuses, and words of the message. A write outside the output lands in a guard
+# zone, or leaves the arena's mapping and faults (the H200 saw both for the same cheat).
+RUNTIME_VERDICTS = {
+    "unwritten": (("verify_error",), ("poison survived",)),
+    "tolerance": (("verify_error",), ("beyond tolerance",)),
+    "inputs": (("verify_error",), ("inputs modified",)),
+    "outside": (("verify_error", "crash", "launch_error"),
+                ("outside the output", "illegal memory access", "illegal address")),
+    "torch_op": (("verify_error",), ("PyTorch op",)),
+}
+
+
+def rejected_for(what: str, r) -> bool:
+    """Whether result `r` rejects a runtime cheat for its own class."""
+    statuses, words = RUNTIME_VERDICTS.get(what.split()[0], ((), ()))
+    return r.status in statuses and any(w in (r.message or "") for w in words)
 
 
 @pytest.mark.parametrize("path", cheat_files(), ids=lambda p: p.stem)
@@ -217,8 +231,7 @@ async def test_cheat_is_rejected_end_to_end_for_its_reason(pool, run_dir, path):
         assert f"[{what}]" in r.log, r.log
         assert "load" not in r.stage_s
         return
-    assert r.status == "verify_error", explain(r)
-    assert RUNTIME_WORDS[what.split()[0]] in r.message, explain(r)
+    assert rejected_for(what, r), explain(r)
 
 
 async def test_worker_checks_the_source_again(pool, run_dir, tmp_path):

@@ -38,7 +38,7 @@ def run(ctx) -> Table:
     if only:
         cheats = [p for p in cheats if any(o in p.stem for o in only)]
         honest = [p for p in honest if any(o in p.stem for o in only)]
-    import test_triton_pool as TT  # the Triton corpus: cheat_files(), RUNTIME_WORDS, softmax_task()
+    import test_triton_pool as TT  # the Triton corpus: cheat_files(), rejected_for(), softmax_task()
 
     tcheats = TT.cheat_files()
     if only:
@@ -106,7 +106,7 @@ async def _evaluate_triton(ctx, TT, cheats: list[Path]) -> list[dict]:
                 if kind == "static":
                     caught = r.status == "static_error" and f"[{what}]" in (r.log or "")
                 else:
-                    caught = r.status == "verify_error" and TT.RUNTIME_WORDS.get(what.split()[0], "\0") in (r.message or "")
+                    caught = TT.rejected_for(what, r)
                 rows.append({"file": f"triton/{p.name}", "kind": "cheat", "expected": f"{kind}:{what}",
                              "status": r.status, "verdict": "caught" if caught else "MISSED",
                              "message": (r.message or "")[:90]})

@@ -24,6 +24,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
+from kforge_tui.regions.abi import cuda_16bit_includes
 from kforge_tui.regions.meta import DTYPE_BYTES, DTYPE_SHORT, TensorMeta
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
@@ -100,8 +101,6 @@ CUDA_CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat1
 CPU_CTYPE = {"float32": "float", "float16": "uint16_t", "bfloat16": "uint16_t"}
 
 CUDA_PRELUDE = """#include <cuda_runtime.h>
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
 #include <stdint.h>
 """
 CPU_PRELUDE = """#include <stdint.h>
@@ -144,7 +143,11 @@ class Signature:
         return f'extern "C" int {ENTRY}({args})'
 
     def prelude(self) -> str:
-        return CUDA_PRELUDE if self.backend == "cuda" else CPU_PRELUDE
+        """Includes; on cuda the 16-bit float headers only for the pointers' types (abi.py)."""
+        if self.backend != "cuda":
+            return CPU_PRELUDE
+        extra = cuda_16bit_includes(p.dtype for p in self.params if p.dtype)
+        return CUDA_PRELUDE + "".join(line + "\n" for line in extra)
 
     def argtypes(self) -> list:
         """ctypes argument types of the entry point, in order (set as `fn.argtypes`)."""

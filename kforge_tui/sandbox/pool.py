@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kforge_tui.regions.task import Task
+from kforge_tui.sandbox import settings
 from kforge_tui.sandbox.result import Baseline, EvalResult, EvaluatorLost, Mismatch, Timing
 
 STDERR_TAIL_LINES = 200
@@ -256,6 +257,7 @@ class EvaluatorPool:
 
             raise UsageError(f"device must be cpu or cuda, not {device!r}")
         self.device_kind = device or (triton_device() if backend == "triton" else backend)
+        settings.check_worker_settings()
         self.n_workers = workers
         self.cache_dir = Path(cache_dir)
         self.compile_jobs = compile_jobs or os.cpu_count() or 1

@@ -101,11 +101,11 @@ def _plain_process() -> None:
             del os.environ[k]
     for k, v in list(os.environ.items()):
         os.environ[k] = v  # setenv: a heap copy; the stack's string is no longer referenced
-    try:
-        # 0-based from `state` (field 3): arg_start is field 48
-        arg_start, arg_end, env_start, env_end = (int(x) for x in (_stat_fields("self") or [])[45:49])
-    except ValueError:
-        return
+    fields = _stat_fields("self")
+    if not fields or len(fields) < 49:
+        return  # no /proc, or a kernel older than 3.5 (no arg_start..env_end)
+    # 0-based from `state` (field 3): arg_start is field 48
+    arg_start, arg_end, env_start, env_end = (int(x) for x in fields[45:49])
     if env_end > env_start:
         ctypes.memset(env_start, 0, env_end - env_start)
     if arg_end > arg_start:

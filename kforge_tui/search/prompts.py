@@ -47,7 +47,8 @@ RULES_CUDA = [
     "Scratch memory only through cudaMallocAsync/cudaFreeAsync on the given stream "
     "(never cudaMalloc, cudaMallocManaged or host-pinned allocations).",
     "Element types: float, __half (cuda_fp16.h), __nv_bfloat16 (cuda_bf16.h); accumulate in "
-    "float. Inline PTX is allowed in __device__ code.",
+    "float. The region header includes cuda_fp16.h / cuda_bf16.h only when a tensor has that "
+    "type: include them yourself to use them otherwise. Inline PTX is allowed in __device__ code.",
 ]
 RULES_CPU = [
     "Plain C++17 compiled with `g++ -O3 -march=native -fopenmp`; OpenMP pragmas and "

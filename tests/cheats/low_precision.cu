@@ -3,6 +3,7 @@
 // Cheat: f32 softmax rounded through bf16 (the accuracy of half the bytes). Rejected: not
 // float32-accurate.
 #include "kforge_region.h"
+#include <cuda_bf16.h>  // an f32 task's header brings no 16-bit types
 #include <float.h>
 constexpr int64_t kN = KF_IN0_SIZE_1, kRows = KF_IN0_NUMEL / KF_IN0_SIZE_1;
 __global__ void row_softmax_bf16(const float* x, float* y) {

@@ -1,4 +1,4 @@
-// expect: verify_error | replay, values differ
+// expect: verify_error | replay, values differ, ulps
 // layer: runtime
 // Cheat (class 1, invented) with no state the checks can see: the result, a magic word and the
 // input's address are left in a stream-ordered scratch block that is freed at the end of the

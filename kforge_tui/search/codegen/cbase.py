@@ -33,15 +33,20 @@ template <typename T, int V> __device__ __forceinline__ void kf_stp(T* p, const 
   else *reinterpret_cast<kf_pack<T, V>*>(p) = v;
 }
 __device__ __forceinline__ float kf_f(float v) { return v; }
-__device__ __forceinline__ float kf_f(__half v) { return __half2float(v); }
-__device__ __forceinline__ float kf_f(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ double kf_f(double v) { return v; }
 template <typename T> __device__ __forceinline__ T kf_f(T v) { return v; }
 template <typename T> __device__ __forceinline__ T kf_st(float v);
+// the 16-bit helpers exist where their header is included (kbuild.head: any value of that type)
+#ifdef __CUDA_FP16_H__
+__device__ __forceinline__ float kf_f(__half v) { return __half2float(v); }
 template <> __device__ __forceinline__ __half kf_st<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ float kf_rhf(float v) { return __half2float(__float2half_rn(v)); }
+#endif
+#ifdef __CUDA_BF16_H__
+__device__ __forceinline__ float kf_f(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 kf_st<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 __device__ __forceinline__ float kf_rbf(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
-__device__ __forceinline__ float kf_rhf(float v) { return __half2float(__float2half_rn(v)); }
+#endif
 """
 
 CPU_PRELUDE = r"""#include <math.h>

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kforge_tui.regions.abi import INCLUDE_LINE
+from kforge_tui.regions.abi import INCLUDE_LINE, cuda_16bit_includes
 from kforge_tui.search.codegen import cbase
 from kforge_tui.search.codegen.cexpr import COMPUTE_C, ELEM_BYTES, STORE_C
 from kforge_tui.search.codegen.ir import Emitter, Scope
@@ -55,7 +55,12 @@ class GenDesign:
         if not self.valid(task, params):
             raise ValueError(f"{self.name}: invalid parameters {params} for {task.task_id}")
         src = self._render(task, params)
-        return self.finish(src, self.backend) if self.finish is not None else src
+        src = self.finish(src, self.backend) if self.finish is not None else src
+        if self.backend == "cuda":  # the 16-bit headers the region's ABI header does not bring
+            extra = cuda_16bit_includes(value_dtypes(task))
+            if extra and INCLUDE_LINE in src:
+                src = src.replace(INCLUDE_LINE, "\n".join([INCLUDE_LINE, *extra]), 1)
+        return src
 
     def extent(self, task) -> tuple[int, int]:
         try:
@@ -73,6 +78,25 @@ def points(space: dict, limit: int = 4096):
         if i >= limit:
             return
         yield dict(zip(keys, combo))
+
+
+def value_dtypes(task) -> set[str]:
+    """Every dtype a value of the region has: its tensors', and each dtype its graph names
+    (casts to a type the inputs and outputs do not have)."""
+    out = {m.dtype for m in (*task.inputs, *task.outputs) if m.present}
+
+    def walk(v):
+        if isinstance(v, dict):
+            if isinstance(v.get("dtype"), str):
+                out.add(v["dtype"])
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+
+    walk(task.graph)
+    return out
 
 
 def head(backend: str) -> str:

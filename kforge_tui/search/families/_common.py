@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kforge_tui.regions.patterns import OpTask
 from kforge_tui.regions import patterns
+from kforge_tui.regions.abi import cuda_16bit_includes
 from kforge_tui.search.csrc import CPU_HALF_CONVERSIONS, CPU_OMP_MIN_WORK
 
 ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -60,12 +61,17 @@ typedef @TI@ TI;
 typedef @TO@ TO;
 
 __device__ __forceinline__ float kf_f(float v) { return v; }
-__device__ __forceinline__ float kf_f(__half v) { return __half2float(v); }
-__device__ __forceinline__ float kf_f(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <typename T> __device__ __forceinline__ T kf_to(float v);
 template <> __device__ __forceinline__ float kf_to<float>(float v) { return v; }
+// the 16-bit overloads exist where their header is included (only for tasks of that type)
+#ifdef __CUDA_FP16_H__
+__device__ __forceinline__ float kf_f(__half v) { return __half2float(v); }
 template <> __device__ __forceinline__ __half kf_to<__half>(float v) { return __float2half_rn(v); }
+#endif
+#ifdef __CUDA_BF16_H__
+__device__ __forceinline__ float kf_f(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 kf_to<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+#endif
 
 // V elements of T moved as one aligned access (16 B = one LDG.128 when sizeof(T)*V == 16).
 template <typename T, int V> struct alignas(sizeof(T) * V) kf_pack { T v[V]; };
@@ -163,14 +169,18 @@ template <int NW> __device__ __forceinline__ float kf_block_max(float v, float* 
 // V floats rounded to T (as kf_to does) into a pack; 16-bit types two at a time (one
 // cvt.rn.bf16x2.f32 / f16x2 per pair instead of a conversion and a move per element).
 __device__ __forceinline__ void kf_to2(float a, float b, float* o) { o[0] = a; o[1] = b; }
+#ifdef __CUDA_FP16_H__
 __device__ __forceinline__ void kf_to2(float a, float b, __half* o) {
   const __half2 h = __floats2half2_rn(a, b);
   memcpy(o, &h, 4);
 }
+#endif
+#ifdef __CUDA_BF16_H__
 __device__ __forceinline__ void kf_to2(float a, float b, __nv_bfloat16* o) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
   memcpy(o, &h, 4);
 }
+#endif
 template <typename T, int V> __device__ __forceinline__ kf_pack<T, V> kf_to_pack(const float* f) {
   kf_pack<T, V> o;
   if constexpr (V % 2 == 0) {
@@ -270,7 +280,9 @@ inline int64_t kf_coop_chunks(int64_t rows, int64_t n, int64_t cap, int64_t step
 
 def cuda_head(task: OpTask, in_dtype: str | None = None, out_dtype: str | None = None) -> str:
     sig = patterns.signature(task, "cuda")
-    return sig.prelude() + fill(_CUDA_HELPERS,
+    types = {in_dtype or task.dtype, out_dtype or task.output.dtype}
+    extra = [i for i in cuda_16bit_includes(types) if i not in sig.prelude()]
+    return sig.prelude() + "".join(i + "\n" for i in extra) + fill(_CUDA_HELPERS,
                                 TI=patterns.CUDA_CTYPE[in_dtype or task.dtype],
                                 TO=patterns.CUDA_CTYPE[out_dtype or task.output.dtype])
 
