@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kforge_tui import events as ev
+from kforge_tui.device import device_info, release_cached_memory, resolve_backend
 from kforge_tui.errors import UsageError
 from kforge_tui.evaluators import (  # noqa: F401 (re-exported)
     _Slots, default_parallel, device_of, kernel_backends, PoolPerLanguage)
@@ -95,8 +96,6 @@ class Engine:
     # ----------------------------------------------------------------- main flow
 
     async def run(self) -> dict:
-        from kforge_tui.device import device_info, resolve_backend
-
         s = self.settings
         if not s.resume:
             s.device = resolve_backend(s.device)
@@ -127,6 +126,7 @@ class Engine:
                 await self._start_cluster(backend, auto_parallel)
             if not s.resume:
                 await self._prepare(backend)
+                await asyncio.to_thread(release_cached_memory)  # the profile's cache, for the workers
                 from kforge_tui.store import register_run
 
                 register_run(self.run_dir)  # only a run whose model loaded is worth listing
@@ -621,7 +621,6 @@ class Engine:
             await asyncio.sleep(1.0)
 
     def _context(self, ts: SearchState, leaf, mode: str) -> ProposalContext:
-        from kforge_tui.device import device_info
         from kforge_tui.search import context
 
         return context.build(ts, leaf, mode, device=device_info(device_of(ts.task.backend)).to_json(),

@@ -441,6 +441,13 @@ def test_seed_variants_looped_and_cooperative_render():
     src = coop.render(task, coop.default(task))
     assert "launch_cooperative_grid=True" in src and ".zero_()" in src
     assert triton_check.check_source(src).ok
+    # a grid barrier needs every program resident: no move may lower Inductor's occupancy
+    p0 = coop.default(task)
+    assert coop.valid(task, p0)
+    assert not coop.valid(task, dict(p0, num_warps=p0["num_warps"] * 2))
+    assert not coop.valid(task, dict(p0, num_stages=p0["num_stages"] + 1))
+    if p0["num_warps"] > 1:
+        assert coop.valid(task, dict(p0, num_warps=p0["num_warps"] // 2))
 
 
 def test_unsupported_region_says_why():

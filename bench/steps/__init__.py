@@ -31,7 +31,7 @@ from pathlib import Path
 from bench.report import ROOT, StepError
 
 STEPS = ("kernels", "regions", "models", "level2", "sweep", "throughput", "search-time", "cheats", "op-overhead",
-         "clock-check", "tui-latency")
+         "arena-clock", "clock-check", "tui-latency")
 
 
 def load(name: str):

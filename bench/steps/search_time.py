@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import statistics
 import time
 
 from bench.report import ROOT, Table
@@ -30,8 +31,9 @@ HELP = "seconds to the first verified kernel and to the budget (KernelBench leve
 PROBLEMS = ROOT / "tests" / "fixtures" / "kernelbench_l1"
 SAMPLES = ("resnet50", "sd35_vae", "gemma", "qwen_moe")
 SMALL = ("23_softmax", "36_rms_norm")
+STAGE_COLUMNS = {"queue s/cand": "queue", "verify s/cand": "verify", "time s/cand": "time"}
 COLUMNS = ["run", "load s", "capture s", "profile s", "baseline s", "search s", "e2e s", "first ok s",
-           "budget s", "cand/min", "wall s", "evaluated", "eager_us", "compile_us", "best_us", "floor_us",
+           "budget s", "cand/min", *STAGE_COLUMNS, "wall s", "evaluated", "eager_us", "compile_us", "best_us", "floor_us",
            "verified", "target met"]
 TARGETS = {"first": 60.0, "budget": 300.0, "sample": 600.0}
 
@@ -53,7 +55,7 @@ def timeline(run_dir) -> dict:
             e = json.loads(ev)
             if e.get("type") == "Phase":
                 phases.append((e.get("name"), float(ts)))
-        nodes = db.execute("SELECT status, action, finished FROM nodes WHERE finished IS NOT NULL "
+        nodes = db.execute("SELECT status, action, finished, result FROM nodes WHERE finished IS NOT NULL "
                            "AND action != 'root' AND action NOT LIKE 'confirm:%' ORDER BY finished").fetchall()
     finally:
         db.close()
@@ -63,12 +65,19 @@ def timeline(run_dir) -> dict:
         out[f"{name} s"] += t1 - t0
     start = next((t for n, t in phases if n == "search"), None)
     if start is not None and nodes:
-        ok = [f for st, _a, f in nodes if st == "ok"]
+        ok = [f for st, _a, f, _r in nodes if st == "ok"]
         out["first ok s"] = round(ok[0] - start, 1) if ok else None
         out["budget s"] = round(nodes[-1][2] - start, 1)
         out["cand/min"] = round(len(nodes) / max(nodes[-1][2] - start, 1e-9) * 60, 1)
     if "integrate s" in out:
         out["e2e s"] = out.pop("integrate s")
+    # where a candidate's time goes (median over the evaluated ones): waiting for the device,
+    # verifying, timing (the worker's stages, sandbox/pool.py)
+    stages = [(json.loads(r or "{}").get("stage_s") or {}) for *_x, r in nodes]
+    for col, key in STAGE_COLUMNS.items():
+        vals = [st[key] for st in stages if key in st]
+        if vals:
+            out[col] = statistics.median(vals)
     return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in out.items()}
 
 

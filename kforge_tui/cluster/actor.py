@@ -66,6 +66,7 @@ class EvalActor:
         self.pools: dict = {}
         self.captured: set[str] = set()
         self.busy_since: float | None = None
+        self.doing: str | None = None  # "baseline" or "evaluate" while busy
         self.evaluations = 0
         self._lock = asyncio.Lock()
 
@@ -95,7 +96,7 @@ class EvalActor:
 
     async def status(self) -> dict:
         return {"busy_s": None if self.busy_since is None else time.monotonic() - self.busy_since,
-                "evaluations": self.evaluations, "pid": os.getpid()}
+                "doing": self.doing, "evaluations": self.evaluations, "pid": os.getpid()}
 
     async def start(self, backends: list[str]) -> None:
         """Start the workers now (importing torch takes seconds), not on the first candidate.
@@ -136,15 +137,15 @@ class EvalActor:
         self.captured.add(cid)
 
     @contextmanager
-    def _busy(self):
-        self.busy_since = time.monotonic()
+    def _busy(self, doing: str):
+        self.busy_since, self.doing = time.monotonic(), doing
         try:
             yield
         finally:
-            self.busy_since = None
+            self.busy_since = self.doing = None
 
     async def baseline(self, task_json: dict, captures: list, with_compile: bool) -> dict:
-        with self._busy():
+        with self._busy("baseline"):
             await self._captures(task_json, captures)
             pool = await self._pool(task_json["backend"])
             return asdict(await pool.baseline(task_json, str(self._dir("run")), with_compile=with_compile))
@@ -152,7 +153,7 @@ class EvalActor:
     async def evaluate(self, task_json: dict, captures: list, kind: str, payload: bytes) -> dict:
         """Load, verify and time a candidate built elsewhere (its checks passed there); the
         worker's loader still checks a Triton source itself."""
-        with self._busy():
+        with self._busy("evaluate"):
             await self._captures(task_json, captures)
             pool = await self._pool(task_json["backend"])
             suffix = ".py" if kind == "source_path" else ".so"

@@ -470,15 +470,17 @@ class Worker(RemoteTiming):
                     for a in arena_box:
                         a.close()
                     raise
-                sets = None
-                for a in arena_box:
-                    a.close()
-                self._collect()
-                retries.append(f"out of memory with {k} input set{'s' if k > 1 else ''} "
-                               f"({str(e).splitlines()[0][:120]})")
-                if k <= 1:
-                    raise InfraError("out of memory even with one input set: " + "; ".join(retries)) from None
-                k = max(1, k // 2)
+                failure = str(e).splitlines()[0][:240]
+            # out of memory: collected after the except block, whose traceback kept the try's
+            # tensors (half-built sets, a reference's temporaries) alive and cached
+            sets = None
+            for a in arena_box:
+                a.close()
+            self._collect()
+            retries.append(f"out of memory with {k} input set{'s' if k > 1 else ''} ({failure})")
+            if k <= 1:
+                raise InfraError("out of memory even with one input set: " + "; ".join(retries))
+            k = max(1, k // 2)
         if retries:
             plan_note += f"; retried with {k} set{'s' if k > 1 else ''} after " + "; ".join(retries)
         slots = [([g.slot if g is not None else None for g in s.inputs], [g.slot for g in s.outputs])

@@ -137,10 +137,7 @@ class CudaArena:
         self.nbytes = max(int(nbytes), 1)
         self.device_index = device_index
         Driver.ensure_context(device_index)
-        ptr = ctypes.c_uint64()
-        Driver.check(Driver.fn("cuMemAlloc_v2", "cuMemAlloc")(ctypes.byref(ptr), ctypes.c_size_t(self.nbytes)),
-                     f"cuMemAlloc of {self.nbytes} bytes")
-        self.ptr = ptr.value
+        self.ptr = self._alloc(self.nbytes, device_index)
         h = _CUipcMemHandle()
         try:
             Driver.check(Driver.fn("cuIpcGetMemHandle")(ctypes.byref(h), ctypes.c_uint64(self.ptr)),
@@ -150,6 +147,31 @@ class CudaArena:
             raise
         self._handle = bytes(h)
         self.tensor = torch.as_tensor(_DevicePointer(self.ptr, self.nbytes), device=f"cuda:{device_index}")
+
+    @staticmethod
+    def _alloc(nbytes: int, device_index: int) -> int:
+        """cuMemAlloc, once more after PyTorch's caching allocator gives back what it holds
+        unused: the arena is allocated beside that allocator, so memory freed by tensors but
+        kept in its cache (the previous, larger try's sets; a reference's temporaries) is free
+        to PyTorch and not to the driver. A GiB-sized task's one set failed that way (H200)."""
+        alloc = Driver.fn("cuMemAlloc_v2", "cuMemAlloc")
+        ptr = ctypes.c_uint64()
+        rc = alloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes))
+        if rc == 2:  # CUDA_ERROR_OUT_OF_MEMORY
+            import gc
+
+            gc.collect()
+            torch.cuda.empty_cache()
+            rc = alloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes))
+        if rc == 2:
+            free, total = torch.cuda.mem_get_info(device_index)
+            cached = torch.cuda.memory_reserved(device_index) - torch.cuda.memory_allocated(device_index)
+            gib = 2 ** 30
+            Driver.check(rc, f"cuMemAlloc of {nbytes / gib:.3g} GiB ({free / gib:.3g} of {total / gib:.3g} GiB "
+                             f"free, {torch.cuda.memory_allocated(device_index) / gib:.3g} GiB in this "
+                             f"worker's tensors, {cached / gib:.3g} GiB cached)")
+        Driver.check(rc, f"cuMemAlloc of {nbytes} bytes")
+        return ptr.value
 
     def handle(self) -> tuple[dict, list[int]]:
         return {"kind": self.kind, "nbytes": self.nbytes, "device": self.device_index,

@@ -136,6 +136,12 @@ class TritonSeedDesign:
                 return False
             if p["num_warps"] * 32 > max(32, elems) * 4 and p["num_warps"] > self._default["num_warps"]:
                 return False  # far more threads than elements in a tile
+            if k.cooperative and (p["num_warps"] > self._default["num_warps"]
+                                  or p["num_stages"] > self._default["num_stages"]):
+                # every program of a grid barrier must be resident at once: Inductor sized RSPLIT
+                # for its config's occupancy, and more warps or stages a program lower it ("too
+                # many blocks in cooperative launch" on the H200, KernelBench 35 GroupNorm)
+                return False
             meta = {**self._fixed, **{c: p[c] for c in ("XBLOCK", "YBLOCK", "R0_BLOCK") if c in p}}
             gx, gy, gz = inductor_seed.compute_grid(k, self.numels, meta)
             return 0 < gx < 2**31 and 0 <= gy <= 65535 and 0 <= gz <= 65535
