@@ -19,6 +19,9 @@ to the first row of its size; 1.00 everywhere means placement is not the cause.
 """
 from __future__ import annotations
 
+import queue
+import sys
+
 from bench.report import StepError, Table
 
 HELP = "one memory-bound kernel on plain memory vs the sandbox's IPC-shared arena (GPU)"
@@ -104,7 +107,10 @@ def run(ctx) -> Table:
             q = spawn.Queue()
             p = spawn.Process(target=_child, args=(arena.handle()[0], nbytes, q))
             p.start()
-            got = q.get(timeout=300)
+            try:
+                got = q.get(timeout=300)
+            except queue.Empty:
+                got = {"error": f"no answer in 300 s (exit code {p.exitcode})"}
             p.join(timeout=60)
         finally:
             arena.close()
@@ -118,7 +124,7 @@ def run(ctx) -> Table:
             rows.append({"MiB a tensor": mib, "placement": name, "median us": round(med, 1),
                          "p10 us": round(ts[1], 1), "p90 us": round(ts[-2], 1),
                          "GB/s": round(2 * nbytes / (med * 1e-6) / 1e9), "vs worker memory": round(med / base, 3)})
-        print(f"  {mib} MiB: done", flush=True, file=__import__("sys").stderr)
+        print(f"  {mib} MiB: done", flush=True, file=sys.stderr)
     return Table(COLUMNS, rows, [f"torch.mul(x, 2, out=y), float32, CUDA events, median of {REPS} (p10/p90)",
                                  "vs worker memory: median / the worker's own memory's median, same size"],
                  {}, True)

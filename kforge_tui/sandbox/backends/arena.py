@@ -154,23 +154,23 @@ class CudaArena:
         unused: the arena is allocated beside that allocator, so memory freed by tensors but
         kept in its cache (the previous, larger try's sets; a reference's temporaries) is free
         to PyTorch and not to the driver. A GiB-sized task's one set failed that way (H200)."""
+        from kforge_tui.device import release_cached_memory
+
         alloc = Driver.fn("cuMemAlloc_v2", "cuMemAlloc")
         ptr = ctypes.c_uint64()
         rc = alloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes))
         if rc == 2:  # CUDA_ERROR_OUT_OF_MEMORY
-            import gc
-
-            gc.collect()
-            torch.cuda.empty_cache()
+            release_cached_memory()
             rc = alloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes))
-        if rc == 2:
-            free, total = torch.cuda.mem_get_info(device_index)
-            cached = torch.cuda.memory_reserved(device_index) - torch.cuda.memory_allocated(device_index)
+        what = f"cuMemAlloc of {nbytes} bytes"
+        if rc == 2:  # say whose memory it is: this worker's, or another process's
             gib = 2 ** 30
-            Driver.check(rc, f"cuMemAlloc of {nbytes / gib:.3g} GiB ({free / gib:.3g} of {total / gib:.3g} GiB "
-                             f"free, {torch.cuda.memory_allocated(device_index) / gib:.3g} GiB in this "
-                             f"worker's tensors, {cached / gib:.3g} GiB cached)")
-        Driver.check(rc, f"cuMemAlloc of {nbytes} bytes")
+            free, total = torch.cuda.mem_get_info(device_index)
+            held = torch.cuda.memory_allocated(device_index)
+            cached = torch.cuda.memory_reserved(device_index) - held
+            what = (f"cuMemAlloc of {nbytes / gib:.3g} GiB ({free / gib:.3g} of {total / gib:.3g} GiB free, "
+                    f"{held / gib:.3g} GiB in this worker's tensors, {cached / gib:.3g} GiB cached)")
+        Driver.check(rc, what)
         return ptr.value
 
     def handle(self) -> tuple[dict, list[int]]:
