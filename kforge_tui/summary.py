@@ -217,8 +217,8 @@ def format_end_to_end(r: dict) -> str:
                          + (f", Inductor mode {r['inductor_mode']}" if r.get("inductor_mode") not in
                             (None, "default") else ""))
         if r.get("mode") == "compile" and r.get("compile_ms") is not None and not r.get("kernels"):
-            lines.append("  no kernel is in the kforge model: it is torch.compile's through kforge's backend, "
-                         "so any difference from torch.compile above is the clock's noise or the backend's cost")
+            lines.append("  no kernel is in the kforge model: it is torch.compile itself, so any difference "
+                         "from torch.compile above is the clock's noise")
         if r.get("noisy"):
             lines.append(f"  noisy timing even after {r.get('iters')} pairs: read the speedup as rough; "
                          f"re-run `kforge apply {_arg(r.get('run_dir'))} {_arg(r.get('model'))}` on a quiet machine")

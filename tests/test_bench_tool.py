@@ -63,3 +63,18 @@ def test_throughput_reads_the_scripts_summary_line():
     # the line the step reads is the one bench/eval_throughput.py prints
     assert got["run"] == "local"
     assert 'print(f"| {label} | backend {args.backend} | shape {args.shape}' in (ROOT / "bench" / "eval_throughput.py").read_text()
+
+
+def test_search_time_meets_its_budget_target_only_when_every_candidate_was_evaluated():
+    from bench.steps.search_time import _budget_spent
+
+    # a run cut by its timeout reports its last evaluation's time as "budget s": not spent
+    assert _budget_spent("20/20") and _budget_spent("21/20")
+    assert not _budget_spent("8/20") and not _budget_spent(None) and not _budget_spent("-")
+
+
+def test_search_time_names_the_seed_action_node_zero_uses():
+    from bench.steps.search_time import SEED_ACTION
+    from kforge_tui.search.node_zero import ACTION
+
+    assert SEED_ACTION == ACTION

@@ -449,3 +449,27 @@ def test_a_run_whose_check_never_ran_integrates_nothing_until_it_does(tmp_path, 
         assert p.counts[first.task_id] >= 1
     finally:
         p.remove()
+
+
+def test_with_no_kernel_to_apply_the_compiled_model_is_torch_compile_itself(tmp_path, one_thread):
+    """Nothing kept in compile mode: what apply installs is torch.compile in that Inductor mode,
+    not kforge's backend with an empty table (never slower than torch.compile by construction),
+    and remove() still gives the model back as it was."""
+    from kforge_tui.integrate import runtime as rt
+
+    model, x, first, second, run = _two_chains_run(tmp_path)
+    with torch.inference_mode():
+        ref = model(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = apply(model, run, mode="compile")  # no whole-model decision recorded: nothing goes in
+    try:
+        assert not p.kernels
+        _runtime, _prev, backend = rt._INSTALLED[id(model)]
+        assert backend is None  # no KforgeBackend: nn.Module.compile with Inductor itself
+        assert model._compiled_call_impl is not None
+        with torch.inference_mode():
+            torch.testing.assert_close(model(x), ref)
+    finally:
+        p.remove()
+    assert model._compiled_call_impl is None and id(model) not in rt._INSTALLED

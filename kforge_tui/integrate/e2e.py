@@ -53,12 +53,9 @@ def check_end_to_end(loaded, run_dir, *, fresh_inputs: int = 1, min_speedup: flo
             "op_impl": "C++" if rt.native_status()["native"] else "python",
             "verified_tasks": prep.n_tasks - sum(1 for w in prep.skipped.values() if w == "no verified kernel")}
     device_type = "cuda" if str(getattr(loaded, "device", "cpu")).startswith("cuda") else "cpu"
-    # With no candidate the decision is empty and the kforge model is the kforge backend with no
-    # kernel: still timed, since "never slower than torch.compile" is a claim about it too.
+    # With no kernel kept the kforge model is torch.compile itself (what `apply` installs then,
+    # runtime.install): the same compiled forward as the baseline, timed beside it all the same.
     dec = decide.decide(loaded, prep.specs, mode=mode, inductor_mode=inductor_mode, log=log)
-    if dec.runtime is None and mode == "compile":
-        dec.fn, dec.runtime = decide.kforge_fn(model, [], "cpu" if device_type == "cpu" else "cuda",
-                                               mode, inductor_mode)
     skipped = dict(base["skipped"])
     for t in dec.trials:
         if not t.kept:

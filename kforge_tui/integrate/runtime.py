@@ -446,13 +446,19 @@ _RETIRED: list = []
 
 def install(model: torch.nn.Module, runtime: Runtime, backend: str, mode: str = "compile",
             inductor_mode: str | None = None) -> None:
-    """Compile `model` in place with the kforge backend (nn.Module.compile)."""
+    """Compile `model` in place with the kforge backend (nn.Module.compile). With no kernel in
+    compile mode it is torch.compile itself in that Inductor mode: the same code as the user's
+    own `torch.compile`, so "never slower than torch.compile" holds there by construction."""
     uninstall(model)
-    region_op()
     _RUNTIMES[id(runtime)] = runtime
     prev = getattr(model, "_compiled_call_impl", None)
-    be = KforgeBackend(runtime, backend, mode, inductor_mode)
-    model.compile(backend=be, dynamic=False)
+    if not runtime.kernels and mode == "compile":
+        be = None
+        model.compile(mode=None if inductor_mode in (None, "default") else inductor_mode, dynamic=False)
+    else:
+        region_op()
+        be = KforgeBackend(runtime, backend, mode, inductor_mode)
+        model.compile(backend=be, dynamic=False)
     _INSTALLED[id(model)] = (runtime, prev, be)
 
 
@@ -461,7 +467,8 @@ def uninstall(model: torch.nn.Module) -> bool:
     if rec is None:
         return False
     runtime, prev, be = rec
-    _RETIRED.append(be)
+    if be is not None:
+        _RETIRED.append(be)
     model._compiled_call_impl = prev
     if not any(r is runtime for r, _, _ in _INSTALLED.values()):
         _RUNTIMES.pop(id(runtime), None)

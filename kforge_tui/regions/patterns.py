@@ -142,12 +142,14 @@ class Signature:
         args = ", ".join(f"{p.ctype(self.backend)} {p.name}" for p in self.params)
         return f'extern "C" int {ENTRY}({args})'
 
-    def prelude(self) -> str:
-        """Includes; on cuda the 16-bit float headers only for the pointers' types (abi.py)."""
+    def prelude(self, also=()) -> str:
+        """Includes; on cuda the 16-bit float headers only for the pointers' types (abi.py) and
+        for the dtypes in `also` (values the kernel computes in), after them."""
         if self.backend != "cuda":
             return CPU_PRELUDE
-        extra = cuda_16bit_includes(p.dtype for p in self.params if p.dtype)
-        return CUDA_PRELUDE + "".join(line + "\n" for line in extra)
+        lines = cuda_16bit_includes(p.dtype for p in self.params if p.dtype)
+        lines += [i for i in cuda_16bit_includes(also) if i not in lines]
+        return CUDA_PRELUDE + "".join(line + "\n" for line in lines)
 
     def argtypes(self) -> list:
         """ctypes argument types of the entry point, in order (set as `fn.argtypes`)."""

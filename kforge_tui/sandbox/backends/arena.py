@@ -8,12 +8,21 @@ arena, in the supervisor's own memory.
 
   cpu:  an anonymous memfd (not limited by the size of /dev/shm), mmap'ed by both processes;
         the descriptor crosses to the runner with SCM_RIGHTS.
-  cuda: one cuMemAlloc'ed block of its own (not carved from PyTorch's caching allocator, so no
-        other tensor of the supervisor shares the exported allocation), exported with
-        cuIpcGetMemHandle and opened in the runner with cuIpcOpenMemHandle. Both sides wrap
-        the raw pointer in a tensor through __cuda_array_interface__. Measured on the H200
-        (2026-11-30): a runner forked from a CUDA-free zygote initialises CUDA in 0.14-0.18 s
-        and opens the handle; writes are visible to the other side after a synchronize.
+  cuda: one device allocation of its own (not carved from PyTorch's caching allocator, so no
+        other tensor of the supervisor shares the exported allocation). Both sides wrap the
+        raw pointer in a tensor through __cuda_array_interface__; writes are visible to the
+        other side after a synchronize.
+        "cuda_vmm" (the default where the device supports it): cuMemCreate'd physical memory
+        exported as a file descriptor (SCM_RIGHTS, like the cpu's memfd) and mapped by each
+        side with cuMemMap at the allocation's recommended granularity.
+        "cuda_ipc" (the fallback): cuMemAlloc + cuIpcGetMemHandle / cuIpcOpenMemHandle. On the
+        H200 (2026-12-04, `python -m bench arena-clock`) a memory-bound kernel ran at half the
+        bandwidth on memory opened this way in another process (6 GiB tensors: 6036 against
+        3064 us on the exporter's or the importer's own memory; 256 MiB: 1.53x), which made
+        every candidate of a GiB-sized task read ~2x torch.compile. A mapping the importer
+        makes itself with cuMemMap does not have that cost (same step, "vmm" rows).
+        A runner forked from a CUDA-free zygote initialises CUDA in 0.14-0.18 s (H200,
+        2026-11-30) before it maps the arena.
 """
 from __future__ import annotations
 
@@ -130,23 +139,167 @@ class Driver:
             cls.check(cls.fn("cuCtxSetCurrent")(ctx), "cuCtxSetCurrent")
 
 
-class CudaArena:
-    kind = "cuda_ipc"
+class _CUmemLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
 
-    def __init__(self, nbytes: int, device_index: int):
+
+class _CUmemAllocationProp(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", _CUmemLocation),
+                ("win32HandleMetaData", ctypes.c_void_p), ("compressionType", ctypes.c_ubyte),
+                ("gpuDirectRDMACapable", ctypes.c_ubyte), ("usage", ctypes.c_ushort),
+                ("reserved", ctypes.c_ubyte * 4)]
+
+
+class _CUmemAccessDesc(ctypes.Structure):
+    _fields_ = [("location", _CUmemLocation), ("flags", ctypes.c_int)]
+
+
+# cuda.h values (driver API, stable since CUDA 10.2)
+_ALLOCATION_TYPE_PINNED = 1
+_HANDLE_TYPE_POSIX_FD = 1
+_LOCATION_TYPE_DEVICE = 1
+_ACCESS_READWRITE = 3
+_GRANULARITY_RECOMMENDED = 1
+_ATTR_VMM_SUPPORTED = 102
+_ATTR_POSIX_FD_SUPPORTED = 103
+
+
+class _Vmm:
+    """The driver's virtual memory management calls the vmm arena needs, through ctypes like the
+    rest of this module (cuda-python would be one more dependency on every GPU host for
+    eight calls)."""
+
+    @staticmethod
+    def supported(device_index: int) -> bool:
+        try:
+            dev = ctypes.c_int()
+            Driver.check(Driver.fn("cuDeviceGet")(ctypes.byref(dev), device_index), "cuDeviceGet")
+            for attr in (_ATTR_VMM_SUPPORTED, _ATTR_POSIX_FD_SUPPORTED):
+                v = ctypes.c_int()
+                Driver.check(Driver.fn("cuDeviceGetAttribute")(ctypes.byref(v), attr, dev), "cuDeviceGetAttribute")
+                if not v.value:
+                    return False
+            return True
+        except (OSError, AttributeError, RuntimeError):
+            return False
+
+    @staticmethod
+    def prop(device_index: int) -> _CUmemAllocationProp:
+        p = _CUmemAllocationProp()
+        p.type = _ALLOCATION_TYPE_PINNED
+        p.requestedHandleTypes = _HANDLE_TYPE_POSIX_FD
+        p.location = _CUmemLocation(_LOCATION_TYPE_DEVICE, device_index)
+        return p
+
+    @staticmethod
+    def granularity(device_index: int) -> int:
+        g = ctypes.c_size_t()
+        Driver.check(Driver.fn("cuMemGetAllocationGranularity")(
+            ctypes.byref(g), ctypes.byref(_Vmm.prop(device_index)), _GRANULARITY_RECOMMENDED),
+            "cuMemGetAllocationGranularity")
+        return int(g.value) or 2 << 20
+
+    @staticmethod
+    def map(handle: int, size: int, align: int, device_index: int) -> int:
+        """Reserve an address range, map the physical allocation there, allow this device to read
+        and write it; the range's address. Undone in reverse on failure."""
+        ptr = ctypes.c_uint64()
+        Driver.check(Driver.fn("cuMemAddressReserve")(ctypes.byref(ptr), ctypes.c_size_t(size),
+                                                      ctypes.c_size_t(align), ctypes.c_uint64(0),
+                                                      ctypes.c_ulonglong(0)), "cuMemAddressReserve")
+        try:
+            Driver.check(Driver.fn("cuMemMap")(ctypes.c_uint64(ptr.value), ctypes.c_size_t(size), ctypes.c_size_t(0),
+                                               ctypes.c_ulonglong(handle), ctypes.c_ulonglong(0)), "cuMemMap")
+            try:
+                desc = _CUmemAccessDesc(_CUmemLocation(_LOCATION_TYPE_DEVICE, device_index), _ACCESS_READWRITE)
+                Driver.check(Driver.fn("cuMemSetAccess")(ctypes.c_uint64(ptr.value), ctypes.c_size_t(size),
+                                                         ctypes.byref(desc), ctypes.c_size_t(1)), "cuMemSetAccess")
+            except Exception:
+                Driver.fn("cuMemUnmap")(ctypes.c_uint64(ptr.value), ctypes.c_size_t(size))
+                raise
+        except Exception:
+            Driver.fn("cuMemAddressFree")(ctypes.c_uint64(ptr.value), ctypes.c_size_t(size))
+            raise
+        return ptr.value
+
+    @staticmethod
+    def unmap(ptr: int, size: int) -> None:
+        Driver.fn("cuMemUnmap")(ctypes.c_uint64(ptr), ctypes.c_size_t(size))
+        Driver.fn("cuMemAddressFree")(ctypes.c_uint64(ptr), ctypes.c_size_t(size))
+
+
+class CudaArena:
+    """The task's device arena (module docstring: "cuda_vmm" where the device supports it, else
+    "cuda_ipc"; `sharing` forces one, for arena-clock)."""
+
+    KINDS = ("cuda_vmm", "cuda_ipc")
+
+    def __init__(self, nbytes: int, device_index: int, sharing: str | None = None):
+        if sharing is not None and sharing not in self.KINDS:
+            raise ValueError(f"unknown cuda arena sharing {sharing!r} (one of {', '.join(self.KINDS)})")
         self.nbytes = max(int(nbytes), 1)
         self.device_index = device_index
         Driver.ensure_context(device_index)
-        self.ptr = self._alloc(self.nbytes, device_index)
-        h = _CUipcMemHandle()
-        try:
-            Driver.check(Driver.fn("cuIpcGetMemHandle")(ctypes.byref(h), ctypes.c_uint64(self.ptr)),
-                         "cuIpcGetMemHandle")
-        except Exception:
-            Driver.fn("cuMemFree_v2", "cuMemFree")(ctypes.c_uint64(self.ptr))
-            raise
-        self._handle = bytes(h)
+        if sharing is None:
+            sharing = "cuda_vmm" if _Vmm.supported(device_index) else "cuda_ipc"
+        self.kind = sharing
+        self.fd = -1
+        self._mem_handle = 0
+        self.size = self.nbytes
+        if sharing == "cuda_vmm":
+            self.ptr = self._create_vmm(device_index)
+        else:
+            self.ptr = self._alloc(self.nbytes, device_index)
+            h = _CUipcMemHandle()
+            try:
+                Driver.check(Driver.fn("cuIpcGetMemHandle")(ctypes.byref(h), ctypes.c_uint64(self.ptr)),
+                             "cuIpcGetMemHandle")
+            except Exception:
+                Driver.fn("cuMemFree_v2", "cuMemFree")(ctypes.c_uint64(self.ptr))
+                raise
+            self._handle = bytes(h)
         self.tensor = torch.as_tensor(_DevicePointer(self.ptr, self.nbytes), device=f"cuda:{device_index}")
+
+    def _create_vmm(self, device_index: int) -> int:
+        gran = _Vmm.granularity(device_index)
+        self.size = -(-self.nbytes // gran) * gran
+        handle = ctypes.c_ulonglong()
+        create = lambda: Driver.fn("cuMemCreate")(ctypes.byref(handle), ctypes.c_size_t(self.size),  # noqa: E731
+                                                  ctypes.byref(_Vmm.prop(device_index)), ctypes.c_ulonglong(0))
+        rc = create()
+        if rc == 2:  # CUDA_ERROR_OUT_OF_MEMORY: as _alloc, once more after PyTorch's cache is back
+            from kforge_tui.device import release_cached_memory
+
+            release_cached_memory()
+            rc = create()
+        Driver.check(rc, self._oom_text(self.size, device_index, "cuMemCreate") if rc == 2 else "cuMemCreate")
+        self._mem_handle = handle.value
+        try:
+            fd = ctypes.c_int(-1)
+            Driver.check(Driver.fn("cuMemExportToShareableHandle")(ctypes.byref(fd), ctypes.c_ulonglong(handle.value),
+                                                                   _HANDLE_TYPE_POSIX_FD, ctypes.c_ulonglong(0)),
+                         "cuMemExportToShareableHandle")
+            self.fd = fd.value
+            self.gran = gran
+            return _Vmm.map(handle.value, self.size, gran, device_index)
+        except Exception:
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+            Driver.fn("cuMemRelease")(ctypes.c_ulonglong(handle.value))
+            self._mem_handle = 0
+            raise
+
+    @staticmethod
+    def _oom_text(nbytes: int, device_index: int, call: str) -> str:
+        """What an out-of-memory failure says: whose memory it is (this worker's or another
+        process's)."""
+        gib = 2 ** 30
+        free, total = torch.cuda.mem_get_info(device_index)
+        held = torch.cuda.memory_allocated(device_index)
+        cached = torch.cuda.memory_reserved(device_index) - held
+        return (f"{call} of {nbytes / gib:.3g} GiB ({free / gib:.3g} of {total / gib:.3g} GiB free, "
+                f"{held / gib:.3g} GiB in this worker's tensors, {cached / gib:.3g} GiB cached)")
 
     @staticmethod
     def _alloc(nbytes: int, device_index: int) -> int:
@@ -162,44 +315,71 @@ class CudaArena:
         if rc == 2:  # CUDA_ERROR_OUT_OF_MEMORY
             release_cached_memory()
             rc = alloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes))
-        what = f"cuMemAlloc of {nbytes} bytes"
-        if rc == 2:  # say whose memory it is: this worker's, or another process's
-            gib = 2 ** 30
-            free, total = torch.cuda.mem_get_info(device_index)
-            held = torch.cuda.memory_allocated(device_index)
-            cached = torch.cuda.memory_reserved(device_index) - held
-            what = (f"cuMemAlloc of {nbytes / gib:.3g} GiB ({free / gib:.3g} of {total / gib:.3g} GiB free, "
-                    f"{held / gib:.3g} GiB in this worker's tensors, {cached / gib:.3g} GiB cached)")
-        Driver.check(rc, what)
+        Driver.check(rc, CudaArena._oom_text(nbytes, device_index, "cuMemAlloc") if rc == 2
+                     else f"cuMemAlloc of {nbytes} bytes")
         return ptr.value
 
     def handle(self) -> tuple[dict, list[int]]:
-        return {"kind": self.kind, "nbytes": self.nbytes, "device": self.device_index,
-                "handle": base64.b64encode(self._handle).decode()}, []
+        info = {"kind": self.kind, "nbytes": self.nbytes, "device": self.device_index}
+        if self.kind == "cuda_vmm":
+            return {**info, "size": self.size, "granularity": self.gran}, [self.fd]
+        return {**info, "handle": base64.b64encode(self._handle).decode()}, []
+
+    def fd_target(self) -> str:
+        """What the exported descriptor reads as in /proc (a runner's copy is closed once mapped;
+        the census ignores it should the driver keep one)."""
+        if self.fd < 0:
+            return ""
+        try:
+            return os.readlink(f"/proc/self/fd/{self.fd}")
+        except OSError:
+            return ""
 
     def close(self) -> None:
         if self.ptr:
             torch.cuda.synchronize(self.device_index)
             self.tensor = None
-            Driver.fn("cuMemFree_v2", "cuMemFree")(ctypes.c_uint64(self.ptr))
+            if self.kind == "cuda_vmm":
+                _Vmm.unmap(self.ptr, self.size)
+                Driver.fn("cuMemRelease")(ctypes.c_ulonglong(self._mem_handle))
+                self._mem_handle = 0
+            else:
+                Driver.fn("cuMemFree_v2", "cuMemFree")(ctypes.c_uint64(self.ptr))
             self.ptr = 0
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     @staticmethod
     def attach(info: dict, fds: list[int]) -> torch.Tensor:
         idx = int(info["device"])
         Driver.ensure_context(idx)
-        h = _CUipcMemHandle.from_buffer_copy(base64.b64decode(info["handle"]))
-        ptr = ctypes.c_uint64()
-        # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1
-        Driver.check(Driver.fn("cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle")(ctypes.byref(ptr), h, ctypes.c_uint(1)),
-                     "cuIpcOpenMemHandle")
-        return torch.as_tensor(_DevicePointer(ptr.value, int(info["nbytes"])), device=f"cuda:{idx}")
+        if info["kind"] == "cuda_vmm":
+            handle = ctypes.c_ulonglong()
+            try:
+                Driver.check(Driver.fn("cuMemImportFromShareableHandle")(
+                    ctypes.byref(handle), ctypes.c_void_p(fds[0]), _HANDLE_TYPE_POSIX_FD),
+                    "cuMemImportFromShareableHandle")
+            finally:
+                os.close(fds[0])
+            # the mapping keeps the physical memory alive; it lives as long as this process
+            # (a runner maps one arena and exits)
+            ptr = _Vmm.map(handle.value, int(info["size"]), int(info["granularity"]), idx)
+            Driver.fn("cuMemRelease")(ctypes.c_ulonglong(handle.value))
+        else:
+            h = _CUipcMemHandle.from_buffer_copy(base64.b64decode(info["handle"]))
+            p = ctypes.c_uint64()
+            # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1
+            Driver.check(Driver.fn("cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle")(ctypes.byref(p), h, ctypes.c_uint(1)),
+                         "cuIpcOpenMemHandle")
+            ptr = p.value
+        return torch.as_tensor(_DevicePointer(ptr, int(info["nbytes"])), device=f"cuda:{idx}")
 
 
 def attach(info: dict, fds: list[int]) -> torch.Tensor:
     if info["kind"] == HostArena.kind:
         return HostArena.attach(info, fds)
-    if info["kind"] == CudaArena.kind:
+    if info["kind"] in CudaArena.KINDS:
         return CudaArena.attach(info, fds)
     raise ValueError(f"unknown arena kind {info['kind']!r}")
 

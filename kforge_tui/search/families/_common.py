@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from kforge_tui.regions.patterns import OpTask
 from kforge_tui.regions import patterns
-from kforge_tui.regions.abi import cuda_16bit_includes
 from kforge_tui.search.csrc import CPU_HALF_CONVERSIONS, CPU_OMP_MIN_WORK
 
 ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -280,9 +279,7 @@ inline int64_t kf_coop_chunks(int64_t rows, int64_t n, int64_t cap, int64_t step
 
 def cuda_head(task: OpTask, in_dtype: str | None = None, out_dtype: str | None = None) -> str:
     sig = patterns.signature(task, "cuda")
-    types = {in_dtype or task.dtype, out_dtype or task.output.dtype}
-    extra = [i for i in cuda_16bit_includes(types) if i not in sig.prelude()]
-    return sig.prelude() + "".join(i + "\n" for i in extra) + fill(_CUDA_HELPERS,
+    return sig.prelude(also={in_dtype or task.dtype, out_dtype or task.output.dtype}) + fill(_CUDA_HELPERS,
                                 TI=patterns.CUDA_CTYPE[in_dtype or task.dtype],
                                 TO=patterns.CUDA_CTYPE[out_dtype or task.output.dtype])
 
