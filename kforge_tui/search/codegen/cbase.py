@@ -36,7 +36,7 @@ __device__ __forceinline__ float kf_f(float v) { return v; }
 __device__ __forceinline__ double kf_f(double v) { return v; }
 template <typename T> __device__ __forceinline__ T kf_f(T v) { return v; }
 template <typename T> __device__ __forceinline__ T kf_st(float v);
-// the 16-bit helpers exist where their header is included (kbuild.head: any value of that type)
+// the 16-bit helpers exist where their header is included (kbuild.Generator.render adds it for any value of that type)
 #ifdef __CUDA_FP16_H__
 __device__ __forceinline__ float kf_f(__half v) { return __half2float(v); }
 template <> __device__ __forceinline__ __half kf_st<__half>(float v) { return __float2half_rn(v); }
