@@ -731,6 +731,20 @@ def test_a_note_in_the_arena_slack_is_caught():
     assert mm is not None and "harness memory between the tensors changed" in mm.reason
 
 
+def test_the_harness_says_where_its_own_seconds_go():
+    """checks["seconds"]: each part of verify before and after timing, and the whole-arena check
+    inside them (what a GiB-sized task's verify stage is made of, bench search-time)."""
+    task = softmax_task((8, 64))
+    sets, arena = _arena_sets(task)
+    v = verify.Verifier(task, sets, honest(task), gm_reference(task), arena=arena)
+    assert v.before_timing() is None and v.after_timing() is None
+    spent = v.checks["seconds"]
+    assert {"verification", "edge_cases", "replay", "ordinary_f64", "arena_watch"} <= set(spent), spent
+    assert all(x > 0 for x in spent.values()), spent
+    # the arena check runs inside the parts: never more than their sum
+    assert spent["arena_watch"] <= sum(x for k, x in spent.items() if k != "arena_watch")
+
+
 @pytest.mark.parametrize("hashed", [False, True])
 def test_the_arena_image_is_kept_up_to_date_and_every_byte_is_compared(monkeypatch, hashed):
     """The whole-arena check copies only what the harness says it wrote (and hashes only those

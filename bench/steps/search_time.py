@@ -36,7 +36,7 @@ SAMPLES = ("resnet50", "sd35_vae", "gemma", "qwen_moe")
 SMALL = ("23_softmax", "36_rms_norm")
 STAGE_COLUMNS = {"queue s/cand": "queue", "verify s/cand": "verify", "time s/cand": "time"}
 COLUMNS = ["run", "load s", "capture s", "profile s", "baseline s", "search s", "e2e s", "first ok s",
-           "budget s", "cand/min", *STAGE_COLUMNS, "wall s", "evaluated", "eager_us", "compile_us", "best_us", "seed_us",
+           "budget s", "cand/min", *STAGE_COLUMNS, "checks s/cand", "wall s", "evaluated", "eager_us", "compile_us", "best_us", "seed_us",
            "floor_us", "verified", "target met"]
 SEED_ACTION = "seed:inductor"  # search/node_zero.ACTION (this module imports no kforge_tui at its top)
 TARGETS = {"first": 60.0, "budget": 300.0, "sample": 600.0}
@@ -87,6 +87,15 @@ def timeline(run_dir) -> dict:
         vals = [st[key] for st in stages if key in st]
         if vals:
             out[col] = statistics.median(vals)
+    # the harness's own seconds by part (sandbox/verify.py checks["seconds"]): what verify and
+    # time spend checking at a task's size
+    parts: dict = {}
+    for *_x, r in nodes:
+        for k, v in ((json.loads(r or "{}").get("checks") or {}).get("seconds") or {}).items():
+            parts.setdefault(k, []).append(v)
+    if parts:
+        out["checks s/cand"] = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in
+                                         sorted(parts.items(), key=lambda kv: -statistics.median(kv[1])))
     return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in out.items()}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -491,6 +492,7 @@ class ArenaWatch:
         self._blocks: dict[int, int] = {}  # hash mode: block index -> digest under `skip`
         self._hash_skip: list = []
         self.armed = False
+        self.spent: dict = {}  # "arena_watch": seconds in snapshot and changed (the Verifier's checks)
 
     # -- what the harness wrote
     def touch(self, *guarded) -> None:
@@ -511,6 +513,13 @@ class ArenaWatch:
     def snapshot(self, outputs: list) -> None:
         """Before a call whose outputs are `outputs`: the image (or the block digests) brought
         up to date with what the harness wrote."""
+        t0 = time.perf_counter()
+        try:
+            self._snapshot(outputs)
+        finally:
+            self.spent["arena_watch"] = self.spent.get("arena_watch", 0.0) + time.perf_counter() - t0
+
+    def _snapshot(self, outputs: list) -> None:
         skip = _merge([(o.slot.offset + GUARD_BYTES, o.slot.offset + GUARD_BYTES + o.slot.span)
                        for o in outputs])
         if self.copy:
@@ -532,6 +541,13 @@ class ArenaWatch:
 
     def changed(self) -> bool:
         """After the call: did any byte outside its output data change?"""
+        t0 = time.perf_counter()
+        try:
+            return self._changed()
+        finally:
+            self.spent["arena_watch"] = self.spent.get("arena_watch", 0.0) + time.perf_counter() - t0
+
+    def _changed(self) -> bool:
         if not self.armed:
             raise RuntimeError("ArenaWatch.changed() without a snapshot before the call")
         self.armed = False

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from dataclasses import dataclass
 
 import torch
@@ -99,14 +100,18 @@ class Verifier:
         self.gen = generator(device, self.rng.getrandbits(62))
         self.edge = edge
         self.log = log if log is not None else []
+        # "seconds": the harness's own time by part (where a GiB-sized task's verify goes);
+        # "arena_watch" is inside the others and inside the timed loop's checks
         self.checks = {"calls": 0, "sets": len(sets), "edge_cases": [], "replay_checks": 0,
-                       "timed_checks": 0, "fresh_timed": 0}
+                       "timed_checks": 0, "fresh_timed": 0, "seconds": {}}
         self._poison_seed: dict[int, int] = {}
         self._guard_snap: dict[int, list] = {}
         # the whole arena the sets live in (None in process: tests without one): checked after
         # every call outside the outputs, and where timed calls' tensors are placed anew
         self.arena = arena
         self.watch = ArenaWatch(arena, self.rng.getrandbits(62), image) if arena is not None else None
+        if self.watch is not None:
+            self.watch.spent = self.checks["seconds"]
         self._home = {id(x): ([g.slot if g is not None else None for g in x.inputs],
                               [g.slot for g in x.outputs]) for x in sets}
         self.moved = False
@@ -483,19 +488,26 @@ class Verifier:
             s, ref64, pert, label, "values differ from the float64 reference on ordinary inputs:")
 
     def before_timing(self) -> Mismatch | None:
-        steps = [self.edge_cases, lambda: self.replay_few("before timing"), self.ordinary_f64]
+        steps = [("edge_cases", self.edge_cases), ("replay", lambda: self.replay_few("before timing")),
+                 ("ordinary_f64", self.ordinary_f64)]
         self.rng.shuffle(steps)
-        for step in [self.verification] + steps:
-            mm = step()
-            if mm is not None:
-                return mm
-        return None
+        return self._run_steps([("verification", self.verification)] + steps)
 
     def after_timing(self) -> Mismatch | None:
-        steps = [lambda: self.replay_fresh("after timing"), lambda: self.replay_few("after timing")]
+        steps = [("replay", lambda: self.replay_fresh("after timing")),
+                 ("replay", lambda: self.replay_few("after timing"))]
         self.rng.shuffle(steps)
-        for step in steps:
-            mm = step()
+        return self._run_steps(steps)
+
+    def _run_steps(self, steps) -> Mismatch | None:
+        """Each (name, step) in turn until one finds a mismatch; its seconds go to checks."""
+        spent = self.checks["seconds"]
+        for name, step in steps:
+            t0 = time.perf_counter()
+            try:
+                mm = step()
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
             if mm is not None:
                 return mm
         return None
