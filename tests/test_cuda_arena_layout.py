@@ -78,3 +78,13 @@ def test_arena_kinds_are_routed_and_an_unknown_one_is_refused():
         arena.attach({"kind": "cuda_magic"}, [])
     with pytest.raises(ValueError, match="unknown cuda arena sharing"):
         arena.CudaArena(4096, 0, sharing="cuda_magic")  # refused before any CUDA call
+
+
+def test_an_allocation_out_of_memory_is_retried_once_and_another_failure_is_named():
+    rcs = [2, 0]  # out of memory, then fine after PyTorch's cache went back
+    arena.CudaArena._allocate(lambda: rcs.pop(0), 1 << 20, 0, "cuMemCreate")
+    assert rcs == []
+    calls = []
+    with pytest.raises(RuntimeError, match="cuMemAlloc of 4096 bytes failed"):
+        arena.CudaArena._allocate(lambda: calls.append(1) or 1, 4096, 0, "cuMemAlloc")  # 1: invalid value
+    assert len(calls) == 1  # only out-of-memory is retried

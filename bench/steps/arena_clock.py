@@ -77,7 +77,7 @@ def _child(info: dict, nbytes: int, conn, q) -> None:
         mem = CudaArena.attach(info, fds)
         res = {f"{info['kind']} arena in another process, shift {s}": _time(*_pair(mem, nbytes, s)) for s in (0, 64)}
         own = torch.empty(_need(nbytes), dtype=torch.uint8, device="cuda")
-        res["that process's own memory"] = _time(*_pair(own, nbytes, 0))
+        res[f"that process's own memory ({info['kind']} run)"] = _time(*_pair(own, nbytes, 0))
         q.put(res)
     except Exception as e:  # noqa: BLE001 - reported as the step's error
         q.put({"error": f"{type(e).__name__}: {e}"})
@@ -114,8 +114,6 @@ def _shared(kind: str, nbytes: int, spawn) -> dict:
         torch.cuda.empty_cache()
     if "error" in got:
         raise StepError(f"arena-clock: the other process failed on the {kind} arena: {got['error']}")
-    if kind != "cuda_vmm":
-        got[f"that process's own memory ({kind} run)"] = got.pop("that process's own memory")
     return {**res, **got}
 
 

@@ -43,10 +43,7 @@ def kernel_times(fn, call, forwards: int = 3) -> dict[str, float]:
         torch.cuda.synchronize()
     out: dict[str, float] = {}
     for e in prof.key_averages():
-        # self time: a kernel's own; a CPU op that launched kernels would count them again
-        us = getattr(e, "self_device_time_total", None)
-        if us is None:
-            us = getattr(e, "self_cuda_time_total", 0.0)
+        us = e.self_device_time_total  # a kernel's own; a CPU op that launched it would count it again
         if us:
             out[e.key] = out.get(e.key, 0.0) + us / forwards
     return out

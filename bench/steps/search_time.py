@@ -59,8 +59,9 @@ def timeline(run_dir) -> dict:
             e = json.loads(ev)
             if e.get("type") == "Phase":
                 phases.append((e.get("name"), float(ts)))
-        nodes = db.execute("SELECT status, action, finished, result FROM nodes WHERE finished IS NOT NULL "
-                           "AND action != 'root' AND action NOT LIKE 'confirm:%' ORDER BY finished").fetchall()
+        nodes = [(st, a, f, json.loads(r or "{}")) for st, a, f, r in db.execute(
+            "SELECT status, action, finished, result FROM nodes WHERE finished IS NOT NULL "
+            "AND action != 'root' AND action NOT LIKE 'confirm:%' ORDER BY finished")]
     finally:
         db.close()
     out: dict = {}
@@ -76,13 +77,13 @@ def timeline(run_dir) -> dict:
     if "integrate s" in out:
         out["e2e s"] = out.pop("integrate s")
     # Inductor's own kernel as a candidate (node zero): on the one clock it reads as torch.compile
-    seed = next(((st, json.loads(r or "{}")) for st, a, _f, r in nodes if a == SEED_ACTION), None)
+    seed = next(((st, r) for st, a, _f, r in nodes if a == SEED_ACTION), None)
     if seed is not None:
         med = (seed[1].get("timing") or {}).get("median_us")
         out["seed_us"] = round(med, 1) if seed[0] == "ok" and med else seed[0]
     # where a candidate's time goes (median over the evaluated ones): waiting for the device,
     # verifying, timing (the worker's stages, sandbox/pool.py)
-    stages = [(json.loads(r or "{}").get("stage_s") or {}) for *_x, r in nodes]
+    stages = [r.get("stage_s") or {} for *_x, r in nodes]
     for col, key in STAGE_COLUMNS.items():
         vals = [st[key] for st in stages if key in st]
         if vals:
@@ -91,7 +92,7 @@ def timeline(run_dir) -> dict:
     # time spend checking at a task's size
     parts: dict = {}
     for *_x, r in nodes:
-        for k, v in ((json.loads(r or "{}").get("checks") or {}).get("seconds") or {}).items():
+        for k, v in ((r.get("checks") or {}).get("seconds") or {}).items():
             parts.setdefault(k, []).append(v)
     if parts:
         out["checks s/cand"] = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in

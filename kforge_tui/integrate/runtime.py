@@ -454,7 +454,7 @@ def install(model: torch.nn.Module, runtime: Runtime, backend: str, mode: str = 
     prev = getattr(model, "_compiled_call_impl", None)
     if not runtime.kernels and mode == "compile":
         be = None
-        model.compile(mode=None if inductor_mode in (None, "default") else inductor_mode, dynamic=False)
+        model.compile(mode=inductor_mode, dynamic=False)  # as decide.py compiles the baseline
     else:
         region_op()
         be = KforgeBackend(runtime, backend, mode, inductor_mode)

@@ -245,7 +245,7 @@ class CudaArena:
         self.kind = sharing
         self.fd = -1
         self._mem_handle = 0
-        self.size = self.nbytes
+        self.size, self.gran = self.nbytes, 0  # the vmm path rounds size up to its granularity
         if sharing == "cuda_vmm":
             self.ptr = self._create_vmm(device_index)
         else:
@@ -264,15 +264,9 @@ class CudaArena:
         gran = _Vmm.granularity(device_index)
         self.size = -(-self.nbytes // gran) * gran
         handle = ctypes.c_ulonglong()
-        create = lambda: Driver.fn("cuMemCreate")(ctypes.byref(handle), ctypes.c_size_t(self.size),  # noqa: E731
-                                                  ctypes.byref(_Vmm.prop(device_index)), ctypes.c_ulonglong(0))
-        rc = create()
-        if rc == 2:  # CUDA_ERROR_OUT_OF_MEMORY: as _alloc, once more after PyTorch's cache is back
-            from kforge_tui.device import release_cached_memory
-
-            release_cached_memory()
-            rc = create()
-        Driver.check(rc, self._oom_text(self.size, device_index, "cuMemCreate") if rc == 2 else "cuMemCreate")
+        self._allocate(lambda: Driver.fn("cuMemCreate")(ctypes.byref(handle), ctypes.c_size_t(self.size),
+                                                        ctypes.byref(_Vmm.prop(device_index)), ctypes.c_ulonglong(0)),
+                       self.size, device_index, "cuMemCreate")
         self._mem_handle = handle.value
         try:
             fd = ctypes.c_int(-1)
@@ -291,32 +285,35 @@ class CudaArena:
             raise
 
     @staticmethod
-    def _oom_text(nbytes: int, device_index: int, call: str) -> str:
-        """What an out-of-memory failure says: whose memory it is (this worker's or another
+    def _allocate(call, nbytes: int, device_index: int, name: str) -> None:
+        """Run a driver allocation, once more after PyTorch's caching allocator gives back what
+        it holds unused: the arena is allocated beside that allocator, so memory freed by tensors
+        but kept in its cache (the previous, larger try's sets; a reference's temporaries) is free
+        to PyTorch and not to the driver. A GiB-sized task's one set failed that way (H200).
+        Still out of memory: the error says whose memory it is (this worker's or another
         process's)."""
-        gib = 2 ** 30
-        free, total = torch.cuda.mem_get_info(device_index)
-        held = torch.cuda.memory_allocated(device_index)
-        cached = torch.cuda.memory_reserved(device_index) - held
-        return (f"{call} of {nbytes / gib:.3g} GiB ({free / gib:.3g} of {total / gib:.3g} GiB free, "
-                f"{held / gib:.3g} GiB in this worker's tensors, {cached / gib:.3g} GiB cached)")
+        from kforge_tui.device import release_cached_memory
+
+        rc = call()
+        if rc == 2:  # CUDA_ERROR_OUT_OF_MEMORY
+            release_cached_memory()
+            rc = call()
+        what = f"{name} of {nbytes} bytes"
+        if rc == 2:
+            gib = 2 ** 30
+            free, total = torch.cuda.mem_get_info(device_index)
+            held = torch.cuda.memory_allocated(device_index)
+            cached = torch.cuda.memory_reserved(device_index) - held
+            what = (f"{name} of {nbytes / gib:.3g} GiB ({free / gib:.3g} of {total / gib:.3g} GiB free, "
+                    f"{held / gib:.3g} GiB in this worker's tensors, {cached / gib:.3g} GiB cached)")
+        Driver.check(rc, what)
 
     @staticmethod
     def _alloc(nbytes: int, device_index: int) -> int:
-        """cuMemAlloc, once more after PyTorch's caching allocator gives back what it holds
-        unused: the arena is allocated beside that allocator, so memory freed by tensors but
-        kept in its cache (the previous, larger try's sets; a reference's temporaries) is free
-        to PyTorch and not to the driver. A GiB-sized task's one set failed that way (H200)."""
-        from kforge_tui.device import release_cached_memory
-
-        alloc = Driver.fn("cuMemAlloc_v2", "cuMemAlloc")
         ptr = ctypes.c_uint64()
-        rc = alloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes))
-        if rc == 2:  # CUDA_ERROR_OUT_OF_MEMORY
-            release_cached_memory()
-            rc = alloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes))
-        Driver.check(rc, CudaArena._oom_text(nbytes, device_index, "cuMemAlloc") if rc == 2
-                     else f"cuMemAlloc of {nbytes} bytes")
+        alloc = Driver.fn("cuMemAlloc_v2", "cuMemAlloc")
+        CudaArena._allocate(lambda: alloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes)), nbytes, device_index,
+                            "cuMemAlloc")
         return ptr.value
 
     def handle(self) -> tuple[dict, list[int]]:
