@@ -104,6 +104,63 @@ def test_runners_killed_without_waiting_are_gone_before_the_timed_window(tmp_pat
         assert t["alive_inside"] == [False, False] and t["dying_inside"] == [], t
 
 
+KILLED_PROGRAM = textwrap.dedent("""
+    import json, sys, time
+    from kforge_tui.sandbox.worker import thread_env
+    thread_env()
+    import torch  # noqa: F401
+    from kforge_tui.sandbox.supervisor import Worker
+    from kforge_tui.sandbox.zygote import Zygote, _proc_state
+
+    worker = Worker("cpu", 0, Zygote("cpu", 0, -1), sys.argv[1])
+    started = worker.zygote.spawn(worker._spawn_args())
+    ok = started.wait_ready(60)
+    spare = worker.zygote.spawn(worker._spawn_args())  # forked just now: still starting
+    paused = spare.pause()  # as for a timed window
+    print(json.dumps({"ok": ok, "paused": paused, "zygote": worker.zygote.pid,
+                      "runners": [started.pid, spare.pid],
+                      "states": [_proc_state(started.pid), _proc_state(spare.pid)]}), flush=True)
+    time.sleep(600)  # killed here, inside the window
+""")
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_killed_inside_a_timed_window_leaves_no_runner_behind(tmp_path):
+    """`kill -9` of the worker (its owner's death does that, PR_SET_PDEATHSIG) while a spare is
+    stopped for a timed window: the zygote sees the worker's socket close and kills every runner
+    it forked, the stopped one included (it would wait for a SIGCONT forever), then exits."""
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-c", KILLED_PROGRAM, str(tmp_path)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        assert line, p.stderr.read()[-3000:] if p.poll() is not None else "no report from the worker"
+        got = json.loads(line)
+        assert got["ok"] and got["paused"], got
+        assert got["states"][1] == "T" and got["states"][0] != "T", got
+        p.send_signal(signal.SIGKILL)
+        p.wait(30)
+        left = [got["zygote"], *got["runners"]]
+        end = time.monotonic() + 10
+        while time.monotonic() < end and any(_running(q) for q in left):
+            time.sleep(0.05)
+        assert not any(_running(q) for q in left), {q: _running(q) for q in left}
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 @pytest.mark.parametrize("name,value", [("KFORGE_SPARES_BESIDE_TIMING", "yes"), ("KFORGE_RUNNER_SPARES", "three")])
 def test_a_bad_worker_setting_is_refused_before_any_worker_starts(tmp_path, monkeypatch, name, value):
     """In the engine's process, as one line naming the setting (a worker dying of it read as an

@@ -96,6 +96,20 @@ def running(pid: int) -> bool:
         return False
 
 
+def survivors(pids) -> list[str]:
+    """The processes of `pids` still running, as 'pid state command' (what a failure names)."""
+    out = []
+    for p in sorted(pids):
+        if running(p):
+            try:
+                cmd = (Path("/proc") / str(p) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                st = (Path("/proc") / str(p) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            out.append(f"{p} {st} {cmd[:160]}")
+    return out
+
+
 def joined(t: Term) -> str:
     """The pane and its history with wrapped lines joined (a long run directory wraps at 100)."""
     return subprocess.run(t.tmux + ["capture-pane", "-t", t.name, "-p", "-J", "-S", "-500"], capture_output=True,
@@ -140,7 +154,10 @@ def test_live_and_attached_views_tell_the_truth_about_the_run(tmp_path):
         assert time.monotonic() - t0 < 5.0
         assert f"interrupted — kforge resume {str(run)[:60]}" in s.splitlines()[1]  # (the pane cuts the rest)
         assert "in flight" not in s.splitlines()[1]  # no clock running on, no work pretended
-        wait(lambda: not any(running(p) for p in workers), "every worker of the killed owner to exit", 10)
+        end = time.monotonic() + 10
+        while time.monotonic() < end and any(running(p) for p in workers):
+            time.sleep(0.2)
+        assert not any(running(p) for p in workers), f"still running 10 s after the owner's kill: {survivors(workers)}"
 
         # 3. resume: the stopped op stays stopped, the other searches on
         stopped_before = len(candidates(run, first["task_id"]))

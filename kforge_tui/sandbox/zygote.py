@@ -120,10 +120,28 @@ def _plain_process() -> None:
 
 
 def _zygote_main(sock: socket.socket, backend: str, device: int) -> None:
-    from kforge_tui.sandbox.runner import _runner_main
-
     _plain_process()
     statuses: dict[int, int] = {}
+    live: set[int] = set()  # runners forked and not yet reaped
+    try:
+        _serve(sock, backend, device, statuses, live)
+    finally:
+        # The worker is gone (its socket closed) or this loop failed: no runner may outlive
+        # it. A spare the worker stopped for a timed window (SIGSTOP, `RunnerHandle.pause`)
+        # would otherwise wait stopped forever, under init, for a SIGCONT no one sends; a busy
+        # one would finish its candidate for no one. SIGKILL ends a stopped process too.
+        for pid in live:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _serve(sock: socket.socket, backend: str, device: int, statuses: dict[int, int],
+           live: set[int]) -> None:
+    """Fork a runner per `spawn`, report a runner's exit status per `status`, until the
+    worker's socket closes."""
+    from kforge_tui.sandbox.runner import _runner_main
 
     def reap(block_pid: int | None = None) -> None:
         while True:
@@ -134,12 +152,14 @@ def _zygote_main(sock: socket.socket, backend: str, device: int) -> None:
             if pid == 0:
                 break
             statuses[pid] = os.waitstatus_to_exitcode(st)
+            live.discard(pid)
         if block_pid is not None and block_pid not in statuses:
             try:
                 _, st = os.waitpid(block_pid, 0)
                 statuses[block_pid] = os.waitstatus_to_exitcode(st)
             except ChildProcessError:
                 pass
+            live.discard(block_pid)
 
     while True:
         try:
@@ -160,6 +180,7 @@ def _zygote_main(sock: socket.socket, backend: str, device: int) -> None:
                     code = 70
                 finally:
                     os._exit(code)
+            live.add(pid)
             for fd in fds:
                 os.close(fd)
             send(sock, {"pid": pid})
