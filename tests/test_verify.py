@@ -634,6 +634,51 @@ def test_host_saved_sets_use_keyed_hashes_for_inputs():
     assert verify.checksum(b, 7) != verify.checksum(c, 7) and verify.checksum(b, 7) != verify.checksum(b, 8)
 
 
+def _reference_checksum(data: bytes, offset: int, seed: int) -> int:
+    """The keyed hash `checksum` defines, word by word in Python's integers."""
+    import random
+
+    m = (1 << 64) - 1
+
+    def signed(v):
+        v &= m
+        return v - (1 << 64) if v >> 63 else v
+
+    def mixed(w, idx):
+        h = signed((w ^ signed(idx * k1)) * k2)
+        h = signed((h ^ (h >> 31)) * k3)
+        return h ^ (h >> 29)
+
+    rng = random.Random(seed)
+    k1, k2, k3 = (signed(rng.getrandbits(63) | 1) for _ in range(3))
+    n = len(data)
+    lead = min(n, (-offset) % 8)
+    body = (n - lead) // 8 * 8
+    acc = sum(mixed(int.from_bytes(data[lead + 8 * i:lead + 8 * i + 8], "little", signed=True), i)
+              for i in range(body // 8))
+    rest = data[:lead] + data[lead + body:]
+    acc += sum(mixed(v, (1 << 62) + lead + j) for j, v in enumerate(rest))
+    return acc & m
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_the_keyed_hash_is_the_same_sum_however_it_is_cut(monkeypatch, chunk):
+    """`checksum` (and the device-side sums ArenaWatch reads in one transfer) equal the hash
+    written out word by word: an unaligned head and tail, words cut in chunks of CHUNK with
+    their positions carried across chunks, sums wrapping in 64 bits."""
+    from kforge_tui.sandbox import inputs
+
+    if chunk:
+        monkeypatch.setattr(inputs, "CHUNK", chunk)
+    g = torch.Generator().manual_seed(5)
+    whole = torch.randint(0, 256, (4099 + 16,), dtype=torch.uint8, generator=g)
+    for start, n in ((0, 4096), (3, 4099), (5, 3), (8, 0)):
+        buf = whole[start:start + n]
+        want = _reference_checksum(bytes(buf.tolist()), start, 11)
+        assert verify.checksum(buf, 11) == want, (start, n)
+        assert int(inputs.checksum_tensor(buf, 11)) & ((1 << 64) - 1) == want, (start, n)
+
+
 def test_edge_judge_allows_the_regions_own_sensitivity_not_more():
     """Ill-conditioned edge cases (a layer_norm of a row of equal values divides rounding noise by
     sqrt(eps)): PyTorch's own error can be zero by luck of its summation order, so the judge also

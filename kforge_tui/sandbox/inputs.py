@@ -202,49 +202,60 @@ def checksum(buf: torch.Tensor, seed: int) -> int:
     the same bytes at the same place hash alike (words are cut on 8-byte addresses).
     On a GPU the mixing and the sum are one compiled kernel (a pass at memory speed; eager
     torch made ~10 passes of int64 temporaries over every chunk)."""
+    return int(checksum_tensor(buf, seed)) & _U64
+
+
+def checksum_tensor(buf: torch.Tensor, seed: int) -> torch.Tensor:
+    """`checksum` as a 0-dim int64 tensor on the buffer's device, its value congruent modulo
+    2**64, computed without waiting for the device: a caller hashing many pieces (ArenaWatch's
+    blocks) reads them all in one transfer instead of one synchronised read per chunk."""
     rng = random.Random(seed)
     k1, k2, k3 = (rng.getrandbits(63) | 1 for _ in range(3))
     n = buf.numel()
     lead = min(n, (-buf.storage_offset()) % 8) if buf.is_contiguous() else n
     body = (n - lead) // 8 * 8
-    acc = 0
+    acc = torch.zeros((), dtype=torch.int64, device=buf.device)
     if body:
         words = buf[lead:lead + body].view(torch.int64)
         for lo in range(0, words.numel(), CHUNK):
-            acc += _mixed_sum(words[lo:lo + CHUNK], lo, k1, k2, k3)
+            acc = acc + _mixed_sum(words[lo:lo + CHUNK], lo, k1, k2, k3)
     rest = torch.cat([buf[:lead], buf[lead + body:]]) if lead or lead + body < n else None
     if rest is not None and rest.numel():  # the unaligned bytes, each a word of its own
-        acc += _mixed_sum(rest.to(torch.int64), (1 << 62) + lead, k1, k2, k3)
-    return acc & ((1 << 64) - 1)
+        acc = acc + _mixed_sum(rest.to(torch.int64), (1 << 62) + lead, k1, k2, k3)
+    return acc
 
 
-def _mix(w: torch.Tensor, base: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
-         k3: torch.Tensor) -> torch.Tensor:
-    idx = torch.arange(w.numel(), device=w.device, dtype=torch.int64) + base
-    h = (w ^ (idx * k1)) * k2
-    h = (h ^ (h >> 31)) * k3
+_U64 = (1 << 64) - 1
+
+
+def _mix(w: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    idx = torch.arange(w.numel(), device=w.device, dtype=torch.int64) + keys[0]
+    h = (w ^ (idx * keys[1])) * keys[2]
+    h = (h ^ (h >> 31)) * keys[3]
     return (h ^ (h >> 29)).sum()
 
 
 _MIX_COMPILED: dict = {}
 
 
-def _mixed_sum(w: torch.Tensor, base: int, k1: int, k2: int, k3: int) -> int:
-    def t(v):
-        return torch.tensor(_signed(v), dtype=torch.int64, device=w.device)
-
-    args = (w, t(base), t(k1), t(k2), t(k3))
+def _mixed_sum(w: torch.Tensor, base: int, k1: int, k2: int, k3: int) -> torch.Tensor:
+    """The mixed words' sum, a 0-dim int64 tensor on w's device (int64 sums wrap: the value is
+    the hash modulo 2**64). The position base and the keys go over in one asynchronous copy:
+    four `torch.tensor(..., device=)` made four synchronised copies for every 64 MiB chunk."""
+    keys = torch.tensor([_signed(v) for v in (base, k1, k2, k3)], dtype=torch.int64)
+    if w.device.type != "cpu":
+        keys = keys.to(w.device, non_blocking=True)  # pageable source: safe to reuse on return
     fn = _mix
     if w.device.type == "cuda":
         fn = _MIX_COMPILED.get("cuda")
         if fn is None:
             fn = _MIX_COMPILED["cuda"] = torch.compile(_mix, dynamic=True, fullgraph=True)
         try:
-            return int(fn(*args))
+            return fn(w, keys)
         except Exception:  # noqa: BLE001 - Inductor unavailable: the same sum, eagerly
             _MIX_COMPILED["cuda"] = _mix
             fn = _mix
-    return int(fn(*args))
+    return fn(w, keys)
 
 
 def _signed(v: int) -> int:
@@ -563,21 +574,25 @@ class ArenaWatch:
     def _rehash(self, stale: list | None) -> None:
         n = self.arena.numel()
         nb = (n + self.HASH_BLOCK - 1) // self.HASH_BLOCK
+        pending: dict[int, torch.Tensor] = {}
         for k in range(nb):
             lo, hi = k * self.HASH_BLOCK, min(n, (k + 1) * self.HASH_BLOCK)
             if stale is not None and k in self._blocks and not any(a < hi and b > lo for a, b in stale):
                 continue
-            acc = 0
+            acc = torch.zeros((), dtype=torch.int64, device=self.arena.device)
             at = lo
             for a, b in self.skip:
                 if b <= at or a >= hi:
                     continue
                 if a > at:
-                    acc += checksum(self.arena[at:a], self.seed + at)
+                    acc = acc + checksum_tensor(self.arena[at:a], self.seed + at)
                 at = max(at, b)
             if at < hi:
-                acc += checksum(self.arena[at:hi], self.seed + at)
-            self._blocks[k] = acc & ((1 << 64) - 1)
+                acc = acc + checksum_tensor(self.arena[at:hi], self.seed + at)
+            pending[k] = acc
+        if pending:  # one read of every block's digest (a 14 GiB arena has 224 blocks)
+            for k, v in zip(pending, torch.stack(list(pending.values())).tolist()):
+                self._blocks[k] = v & _U64
 
 
 def _merge(ranges: list) -> list:
