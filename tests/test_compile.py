@@ -165,6 +165,29 @@ def test_the_header_is_written_beside_the_candidate_and_keys_the_cache(tmp_path)
     assert not bad.ok and "header is bytes" in bad.message
 
 
+def test_temp_dirs_of_a_killed_compile_are_swept_once_old(tmp_path):
+    """A compile killed with its owner (`kill -9`) leaves its temp dir in the shared cache; the
+    next process that compiles there removes such dirs once they are a day old, and no other."""
+    import os
+    import time
+
+    from kforge_tui.sandbox import compile as comp
+
+    old, young = tmp_path / ".tmp-0123456789abcdef-old", tmp_path / ".tmp-0123456789abcdef-new"
+    for d in (old, young):
+        d.mkdir()
+        (d / "kernel.cpp").write_text("// left by a killed compile\n")
+    then = time.time() - comp.STALE_TMP_S - 60
+    os.utime(old, (then, then))
+    comp._swept.discard(str(tmp_path))
+    sig = _sig("cpu")
+    r = compile_candidate_sync((HONEST / "softmax_f32.cpp").read_text(), "cpu", "native", tmp_path,
+                               header=sig.header())
+    assert r.ok, r.log
+    assert not old.exists() and young.is_dir()
+    assert not [d for d in tmp_path.iterdir() if d.name.startswith(".tmp-") and d != young]
+
+
 def test_the_positional_call_form_of_the_pool_still_works(tmp_path):
     """pool.py calls compile_candidate(source, backend, arch, cache_dir, timeout_s): keep it."""
     src = '#include <stdint.h>\nextern "C" int kforge_launch(const void* const* i, void* const* o) { return 0; }\n'
