@@ -171,7 +171,7 @@ def test_temp_dirs_of_a_killed_compile_are_swept_once_old(tmp_path):
     import os
     import time
 
-    from kforge_tui.sandbox import compile as comp
+    from kforge_tui.sandbox import cache_sweep as comp
 
     old, young = tmp_path / ".tmp-0123456789abcdef-old", tmp_path / ".tmp-0123456789abcdef-new"
     for d in (old, young):
@@ -179,7 +179,7 @@ def test_temp_dirs_of_a_killed_compile_are_swept_once_old(tmp_path):
         (d / "kernel.cpp").write_text("// left by a killed compile\n")
     then = time.time() - comp.STALE_TMP_S - 60
     os.utime(old, (then, then))
-    comp._swept.discard(str(tmp_path))
+    comp.swept.discard(str(tmp_path))
     sig = _sig("cpu")
     r = compile_candidate_sync((HONEST / "softmax_f32.cpp").read_text(), "cpu", "native", tmp_path,
                                header=sig.header())

@@ -74,7 +74,7 @@ from pathlib import Path
 from kforge_tui import device
 from kforge_tui.errors import UsageError
 from kforge_tui.regions.abi import HEADER_NAME
-from kforge_tui.sandbox import instructions
+from kforge_tui.sandbox import cache_sweep, instructions
 
 _EXT = {"cuda": "cu", "cpu": "cpp"}
 _KEEP = "keep"  # nvcc's intermediates (the PTX the instruction check reads), removed after it
@@ -769,28 +769,6 @@ def link_check(lib_path: str | Path, backend: str, device_vars: set[str] | froze
 
 _inflight: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
 
-# A compile's temp dir is removed by its own process; one whose process was killed (`kill -9`
-# of the owner: no `finally` runs) stays in the shared cache. Older than this, no compile can
-# still be writing it (the compile timeout is minutes).
-STALE_TMP_S = 24 * 3600
-_swept: set[str] = set()  # cache dirs already swept by this process
-
-
-def _sweep_stale(cache: Path) -> None:
-    """Remove the cache's temp dirs older than STALE_TMP_S, once per process and cache dir."""
-    _swept.add(str(cache))
-    now = time.time()
-    try:
-        found = [d for d in cache.iterdir() if d.name.startswith(".tmp-")]
-    except OSError:
-        return  # no cache yet, or unreadable: the compile reports that itself
-    for d in found:
-        try:
-            if now - d.stat().st_mtime > STALE_TMP_S:
-                shutil.rmtree(d, ignore_errors=True)
-        except OSError:
-            pass
-
 
 def _fail(message: str, command: list[str], t0: float, **kw) -> CompileResult:
     return CompileResult(ok=False, lib_path=None, log=kw.pop("log", message), resources={},
@@ -849,8 +827,8 @@ async def compile_candidate(source: str, backend: str, arch: str, cache_dir: str
     cache = Path(os.path.abspath(cache_dir))  # lib_path is handed to a worker with another cwd
     entry = cache / key
 
-    if str(cache) not in _swept:  # before the in-flight check: no await between it and the claim
-        await asyncio.to_thread(_sweep_stale, cache)
+    if str(cache) not in cache_sweep.swept:  # before the in-flight check: no await between it and the claim
+        await asyncio.to_thread(cache_sweep.sweep_stale, cache)
     loop = asyncio.get_running_loop()
     while True:
         hit = _read_cached(entry, t0)
