@@ -245,14 +245,16 @@ def test_optimize_on_the_cluster_loses_nothing_when_a_node_dies(cluster, tmp_pat
     good = {n[:8] for n in cluster.good}
     assert on == good, (on, good)
     survivor = (good - {victim[:8]}).pop()
+    # (a second's margin for a result sent just before the kill; nothing need finish after it:
+    # the re-queued evaluation, checked below, may be done within a second of the kill)
     late = [r for r in rows if r["finished"] and r["finished"] > t_kill + 1 and r["worker"]]
-    assert late and all(_node_of(r["worker"]) == survivor for r in late), late
+    assert all(_node_of(r["worker"]) == survivor for r in late), late
     # the evaluation in flight on the dead node (a candidate, or a winner's re-timing when the
     # slot frozen was re-timing one) went back in the queue and was evaluated elsewhere
     logs = [e["message"] for e in _events(run / "run.db") if e.get("type") == "LogLine"]
     assert any("re-queued" in m and victim[:8] in m for m in logs), [m for m in logs if "cluster:" in m]
     moved = [r for r in rows if "re-queued" in (json.loads(r["result"] or "{}").get("log") or "")]
-    assert moved and all(_node_of(r["worker"]) == survivor for r in moved), moved
+    assert moved and all(_node_of(r["worker"]) == survivor and r["finished"] > t_kill for r in moved), moved
     if cluster.bad is not None:
         assert any("refused" in m and cluster.bad[:8] in m for m in logs), logs[:20]
     workers = [e["nodes"] for e in _events(run / "run.db") if e.get("type") == "Workers"]
