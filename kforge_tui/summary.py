@@ -234,6 +234,14 @@ def format_end_to_end(r: dict) -> str:
     if clocks:
         lines.append("  torch.compile → kforge: " + "; ".join(clocks)
                      + (f" (decided on {r['clock']})" if r.get("clock") else ""))
+    agree = r.get("clock_agreement")
+    if agree:
+        names = {"eager": "eager", "compile": "torch.compile", "kforge": "kforge"}
+        each = ", ".join(f"{names.get(k, k)} {v:.2f}" for k, v in agree["ratios"].items())
+        verdict = (f"agree within {agree['within']:.0%}" if agree["agrees"] else
+                   f"DISAGREE by up to {agree['worst']:.0%} (over {agree['within']:.0%}): do_bench clears the "
+                   "cache between forwards and runs each alone, so read both figures")
+        lines.append(f"  {r.get('clock') or 'decision'} clock / do_bench, each forward: {each} ({verdict})")
     for t in (r.get("decision") or {}).get("trials", []):
         what = " ".join([t.get("op") or t["task_id"]] + (["x".join(map(str, t["shape"]))] if t.get("shape") else []))
         lines.append(f"  {'kept' if t.get('kept') else 'dropped'} {what}: {t.get('why', '')}")

@@ -118,3 +118,39 @@ def test_the_report_names_the_run_to_re_time_and_says_when_no_kernel_is_in_the_m
     kept = dict(r, kernels=[{"task_id": "t", "op": "gelu"}])
     assert "no kernel is in the kforge model" not in format_end_to_end(kept)
     assert "no kernel is in" not in format_end_to_end(dict(r, mode="eager", compile_ms=None))
+
+
+def test_the_decision_clock_is_checked_against_do_bench_forward_by_forward():
+    """Issue 26's honest check: each forward's decision-clock median over its do_bench median,
+    within 5 % or said to disagree (and by how much) in the report."""
+    s = measure.Samples("throughput", {"eager": [4.0, 4.1, 3.9], "compile": [2.0, 2.02, 1.98],
+                                       "kforge": [1.9, 1.92, 1.88]})
+    close = measure.agreement(s, {"eager": 4.05, "compile": 1.98, "kforge": 1.91})
+    assert close["agrees"] and close["worst"] < 0.02
+    assert set(close["ratios"]) == {"eager", "compile", "kforge"}
+    far = measure.agreement(s, {"eager": 4.0, "compile": 2.0, "kforge": 1.6})  # kforge 19 % off
+    assert not far["agrees"] and abs(far["ratios"]["kforge"] - 1.9 / 1.6) < 1e-9
+    assert measure.agreement(s, None) is None and measure.agreement(s, {}) is None
+    r = {"eager_ms": 4.0, "compile_ms": 2.0, "patched_ms": 1.9, "speedup": 2.1, "speedup_vs_compile": 1.05,
+         "max_abs_err": 0.0, "within_tolerance": True, "mode": "compile", "clock": "throughput",
+         "kernels": [{"task_id": "t"}]}
+    assert "agree within 5%" in format_end_to_end(dict(r, clock_agreement=close))
+    text = format_end_to_end(dict(r, clock_agreement=far))
+    assert "DISAGREE by up to 19%" in text and "kforge 1.19" in text, text
+    assert "do_bench, each forward" not in format_end_to_end(r)  # nothing said without do_bench
+
+
+def test_the_bench_table_calls_a_row_slower_only_when_both_clocks_say_so():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.steps import _runs
+
+    rows = [{"model": "a", "inductor_mode": "default", "vs_compile": 1.01, "db_vs_compile": 0.99},
+            {"model": "b", "inductor_mode": "default", "vs_compile": 0.90, "db_vs_compile": 1.00},
+            {"model": "c", "inductor_mode": "reduce-overhead", "vs_compile": 0.90, "db_vs_compile": 0.91},
+            {"model": "d", "inductor_mode": "default", "vs_compile": None}]
+    note = _runs.never_slower(rows)
+    assert "2 of 3 rows" in note and "c (reduce-overhead: 0.900" in note and "b (" not in note, note
+    assert _runs._agreement({"ratios": {"eager": 1.01, "kforge": 0.93}, "agrees": False}) == "0.930 OFF"

@@ -1,7 +1,8 @@
 """level2: KernelBench level-2 style problems (tests/fixtures/kernelbench_l2: a GEMM or conv with
-its epilogue), each searched and applied end to end like a model: eager vs torch.compile vs kforge.
+its epilogue), each searched and applied end to end like a model: eager vs torch.compile vs kforge,
+in each Inductor mode of --modes (the models step's option: default,reduce-overhead).
 
-    python -m bench level2                        # all ten, KernelBench sizes on a GPU
+    python -m bench level2                        # every fixture, KernelBench sizes on a GPU
     python -m bench level2 --problems gemm_relu_div,conv_bn_relu
     python -m bench level2 --small --device cpu   # two problems, CPU sizes, budget 2
 """
@@ -29,7 +30,8 @@ def run(ctx) -> Table:
         path = f"tests/fixtures/kernelbench_l2/{n}.py"
         _runs.optimize(ctx, n, path, "--compile-baseline", top=top, budget=budget)
         regions += _runs.show(ctx, n)
-        rows.append(_runs.apply(ctx, n, path))
+        rows += _runs.apply_modes(ctx, n, path)
     ok = all(r.get("kforge_ms") for r in rows)
-    return Table(_runs.MODEL_COLUMNS, rows, [f"search: top {top} regions, budget {budget} per region"],
+    return Table(_runs.MODEL_COLUMNS, rows, [f"search: top {top} regions, budget {budget} per region",
+                                             _runs.never_slower(rows)],
                  {"regions": regions, "region_columns": _runs.REGION_COLUMNS}, ok)

@@ -25,7 +25,8 @@ def add_arguments(g) -> None:
     g.add_argument("--models", default="", help=f"comma-separated sample models (default {','.join(MODELS)}; "
                                                 "--small: tests/fixtures/models/tiny.py)")
     g.add_argument("--modes", default="default,reduce-overhead",
-                   help="Inductor modes to apply in, each against torch.compile in the same mode")
+                   help="Inductor modes to apply in, each against torch.compile in the same mode "
+                        "(models and level2)")
 
 
 def run(ctx) -> Table:
@@ -38,9 +39,9 @@ def run(ctx) -> Table:
     for name, path in models.items():
         _runs.optimize(ctx, name, path, "--compile-baseline", top=top, budget=budget)
         regions += _runs.show(ctx, name)
-        for mode in ctx.args.modes.split(","):
-            rows.append(_runs.apply(ctx, name, path, None if mode == "default" else mode))
+        rows += _runs.apply_modes(ctx, name, path)
     ok = all(r.get("kforge_ms") for r in rows)
     return Table(_runs.MODEL_COLUMNS, rows, [f"search: top {top} regions, budget {budget} per region; "
-                                             "vs_* are ratios of forwards alternated in one process"],
+                                             "vs_* are ratios of forwards alternated in one process",
+                                             _runs.never_slower(rows)],
                  {"regions": regions, "region_columns": _runs.REGION_COLUMNS}, ok)

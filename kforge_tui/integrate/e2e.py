@@ -39,7 +39,8 @@ def check_end_to_end(loaded, run_dir, *, fresh_inputs: int = 1, min_speedup: flo
     within_tolerance, eager_ms, compile_ms, patched_ms (on the decision clock), speedup (eager /
     kforge), speedup_vs_compile, mode, kernels_used {task_id: calls}, fallbacks, skipped
     {task_id: why}, decision (every candidate's in-model gain or why it was dropped), latency
-    and throughput {eager|compile|kforge: median_ms, spread, n}, do_bench_ms. `loaded.model`
+    and throughput {eager|compile|kforge: median_ms, spread, n}, do_bench_ms, clock_agreement
+    (measure.agreement: the decision clock over do_bench, each forward). `loaded.model`
     itself is left as it was.
     """
     import torch
@@ -127,7 +128,7 @@ def check_end_to_end(loaded, run_dir, *, fresh_inputs: int = 1, min_speedup: flo
                   fallbacks=fallbacks, inputs_checked=len(sets), iters=len(clock.times["eager"]),
                   clock=clock.clock,
                   latency={k: _ms(lat, k) for k in fns}, throughput={k: _ms(thr, k) for k in fns},
-                  do_bench_ms=db, decision=dec.to_json(),
+                  do_bench_ms=db, clock_agreement=measure.agreement(clock, db), decision=dec.to_json(),
                   method=(f"decision and speedups on the {clock.clock} clock "
                           + ("(back-to-back forwards, cuda events around each, one sync per block of "
                              f"{len(thr.times['eager']) // max(1, len(thr.blocks.get('eager') or [1]))})"

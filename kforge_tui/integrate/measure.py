@@ -170,6 +170,24 @@ def do_bench(fns: dict, inputs, device_type: str) -> dict | None:
     return {k: statistics.median(v) for k, v in runs.items()}
 
 
+AGREE_WITHIN = 0.05  # the decision clock and do_bench may differ by this much per forward (issue 26)
+
+
+def agreement(clock: Samples, db: dict | None) -> dict | None:
+    """How the decision clock reads each forward against triton's do_bench of the same forward:
+    {"ratios": {name: clock median / do_bench median}, "worst": largest |ratio - 1|, "agrees":
+    worst <= AGREE_WITHIN}. None without do_bench. The two differ by method (do_bench clears the
+    L2 between forwards and runs each alone; a block runs them back to back), so a host-bound or
+    cache-bound forward can read differently on them: the report says so rather than pick one."""
+    if not db:
+        return None
+    ratios = {k: clock.median(k) / db[k] for k in clock.times if db.get(k) and clock.times[k]}
+    if not ratios:
+        return None
+    worst = max(abs(r - 1.0) for r in ratios.values())
+    return {"ratios": ratios, "worst": worst, "within": AGREE_WITHIN, "agrees": worst <= AGREE_WITHIN}
+
+
 @dataclass
 class Verdict:
     """Is `trial` faster than `current`, beyond the noise of these measurements?"""
