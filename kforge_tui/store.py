@@ -464,6 +464,25 @@ class RunStore:
                 "clock": ((base.get("compiled") or base.get("eager") or {}).get("clock") or None)
                 if isinstance(base, dict) else None}
 
+    def best_in_language(self, task_id: str, lang: str) -> tuple[int, float] | None:
+        """(node id, time) of the task's winner among the candidates whose source is in `lang`,
+        ranked as the task's own winner is (figures.TaskFigures: quiet figures, re-timings):
+        integration builds one language per task, and an `auto` run's best may be in another
+        (a Triton seed variant on a cuda task)."""
+        from kforge_tui.figures import TaskFigures
+        from kforge_tui.search.languages import language_of
+
+        row = self.task(task_id)
+        backend = (row.get("task") or {}).get("backend") or "cuda"
+        keep = {r["id"] for r in self._q("SELECT id, source FROM nodes WHERE task_id = ?", (task_id,))
+                if r["source"] and language_of(r["source"], backend) == lang}
+        f = TaskFigures(row["baseline"] if isinstance(row.get("baseline"), dict) else None)
+        for fig in self._figures(task_id).get(task_id, []):
+            if fig.node_id in keep or (fig.is_retiming and fig.parent_id in keep):
+                f.update(fig)
+        best = f.best()
+        return (best.node_id, best.time_us) if best else None
+
     def tasks(self) -> list[dict]:
         figures, control = self._figures(), self.control()
         return [self._task_row(r, figures.get(r["task_id"], []), control)

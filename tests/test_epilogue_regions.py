@@ -158,3 +158,45 @@ def test_kernelbench_gemm_bias_gelu_gets_a_verified_fused_kernel(tmp_path):
     rows = db.execute("select action, source from nodes where status = 'ok' and action like 'family:gen_gemm_omp%'"
                       ).fetchall()
     assert rows and all("kf_epi" in src and "erff(" in src for _, src in rows)  # the GELU in the GEMM's store
+
+
+def test_on_a_gpu_a_gemm_takes_its_epilogue_and_a_convolution_does_not(monkeypatch):
+    """ResNet-50 on the H200 (2026-12-04): its top regions were conv+batch_norm+relu chains that
+    no design writes (no conv epilogue design; no seed from Inductor's kept cuDNN result), both
+    searched with 0 candidates. By default on a GPU only GEMMs fold their epilogue."""
+    import torch.fx as fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kforge_tui.regions.partition import epilogues_for
+
+    monkeypatch.delenv("KFORGE_EPILOGUES")
+    g = fx.Graph()
+    nodes = {}
+    with FakeTensorMode():
+        for name, target in (("mm", torch.ops.aten.mm.default), ("conv", torch.ops.aten.convolution.default)):
+            n = g.call_function(target, ())
+            n.meta["val"] = torch.empty(4, 4, device="cuda")
+            nodes[name] = n
+        on_cpu = g.call_function(torch.ops.aten.mm.default, ())
+        on_cpu.meta["val"] = torch.empty(4, 4)
+    assert epilogues_for(nodes["mm"]) and not epilogues_for(nodes["conv"]) and not epilogues_for(on_cpu)
+    monkeypatch.setenv("KFORGE_EPILOGUES", "1")  # asked for: both fold (the partition tests above)
+    assert epilogues_for(nodes["conv"])
+
+
+def test_a_conv_region_with_its_epilogue_is_not_claimed_by_a_triton_search():
+    """Selection passes over what no design can write: a Triton search serves a region through
+    Inductor's seed, which a convolution (its cuDNN result kept by Inductor) rules out."""
+    from kforge_tui.search.proposers.builtin import BuiltinProposer
+    from kforge_tui.search.seed_rewrite import unseedable
+
+    bn = torch.nn.BatchNorm2d(8).eval()
+    conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+    (fused,) = tasks_of(lambda x: torch.relu(bn(conv(x))), (torch.randn(2, 3, 8, 8),))
+    fused = fused.with_backend("cuda")
+    assert "convolution" in (unseedable(fused) or "")
+    assert not BuiltinProposer().serves(fused, ["triton", "cuda"])
+    (bare,) = tasks_of(lambda x: conv(x), (torch.randn(2, 3, 8, 8),))
+    assert BuiltinProposer().serves(bare.with_backend("cuda"), ["triton", "cuda"])  # the conv designs
+    (chain,) = [t for t in tasks_of(lambda x: torch.relu(bn(x)) * 2, (torch.randn(2, 8, 8, 8),))]
+    assert unseedable(chain.with_backend("cuda")) is None

@@ -473,3 +473,46 @@ def test_with_no_kernel_to_apply_the_compiled_model_is_torch_compile_itself(tmp_
     finally:
         p.remove()
     assert model._compiled_call_impl is None and id(model) not in rt._INSTALLED
+
+
+TRITON_SRC = "import triton\n\ndef kforge_launch(inputs, outputs):\n    pass\n"
+
+
+def _two_language_run(run_dir, nodes) -> str:
+    """A run with chain_task and one candidate per (source, time_us) in `nodes`."""
+    task = chain_task()
+    store = RunStore.create(run_dir, model="tests/test_integrate.py:Tiny", settings={},
+                            device={"backend": "cpu", "arch": "native"}, proposer="builtin")
+    try:
+        store.add_task(task, budget=4)
+        t = lambda v: Timing(v, v, v, v, 50, "wall clock")  # noqa: E731
+        store.set_baseline(task.task_id, {"eager": t(20.0).__dict__, "compiled": t(15.0).__dict__})
+        for source, best in nodes:
+            nid = store.add_node(task.task_id, None, action="write", proposer="hand", source=source,
+                                 hand_written=True)
+            res = EvalResult("ok", "time", "ok", timing=t(best), baseline=t(20.0))
+            store.finish_node(nid, status="ok", message="ok", result=res.to_json(), reward=0.1,
+                              time_us=best, speedup=20.0 / best)
+        store.set_run_status("finished")
+    finally:
+        store.close()
+    return str(run_dir)
+
+
+def test_a_winner_in_a_language_integration_cannot_build_gives_way_to_the_best_that_it_can(tmp_path):
+    """An `auto` search's best may be a Triton seed variant on a cuda task: it was handed to the
+    compiler of the task's language (H200, 2026-12-04: ResNet-50's two best batch_norm+relu
+    kernels, 1.04x and 1.12x torch.compile, 'kernel.cu(1): error: expected a declaration'). The
+    best kernel in the task's own language goes in instead, gated on its own time."""
+    from kforge_tui.integrate.patch import winners
+
+    run = _two_language_run(tmp_path / "both", [(TRITON_SRC, 4.0), (CHAIN_CPP, 10.0)])
+    rows, skipped, _, _ = winners(run, decided=False)
+    assert skipped == {} and len(rows) == 1, skipped
+    assert rows[0]["source"] == CHAIN_CPP and rows[0]["best_us"] == 10.0 and rows[0]["speedup"] == 2.0
+    slow = _two_language_run(tmp_path / "slow", [(TRITON_SRC, 4.0), (CHAIN_CPP, 14.9)])
+    rows, skipped, _, _ = winners(slow, decided=False)  # its own 14.9 us is not 1.02x under 15
+    assert rows == [] and "14.9 us is not 1.02x faster than torch.compile" in next(iter(skipped.values()))
+    only = _two_language_run(tmp_path / "only", [(TRITON_SRC, 4.0)])
+    rows, skipped, _, _ = winners(only, decided=False)
+    assert rows == [] and "verified kernels are triton" in next(iter(skipped.values()))

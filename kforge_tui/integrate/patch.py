@@ -58,6 +58,24 @@ def _gate(t: dict, mode: str, min_speedup: float) -> str:
     return ""
 
 
+def _integrable(store, t: dict) -> tuple[dict, str]:
+    """Task row `t` with its best node in the language integration builds for the task (its
+    ABI language: a `.cu`/`.cpp` library the region op loads), and "" or why there is none.
+    An `auto` search also times Triton candidates (Inductor's seed and moves from it), which
+    the region op cannot load yet: their figures still rank the search, but the kernel that
+    goes in is the best one in the task's own language, gated on its own time."""
+    backend = (t.get("task") or {}).get("backend") or "cuda"
+    if t.get("best_lang") in (None, backend):
+        return t, ""
+    got = store.best_in_language(t["task_id"], backend)
+    if got is None:
+        return t, (f"its verified kernels are {t['best_lang']}, which kforge cannot put into a model yet "
+                   f"(only {backend} kernels go in)")
+    node, us = got
+    return dict(t, best_node=node, best_us=us, best_lang=backend,
+                speedup=(t["baseline_us"] / us) if t.get("baseline_us") and us else None), ""
+
+
 def recorded_decision(info: dict, mode: str, inductor_mode: str | None) -> dict | None:
     """The whole-model decision recorded for `mode` / `inductor_mode`, or None."""
     from kforge_tui.integrate.decide import decision_key
@@ -96,7 +114,8 @@ def winners(run_dir, *, min_speedup: float = 1.02, ops: list[str] | None = None,
             elif not t["verified"] or t["best_node"] is None:
                 why = "no verified kernel"
             else:
-                why = _gate(t, mode, min_speedup)
+                t, why = _integrable(store, t)
+                why = why or _gate(t, mode, min_speedup)
             if not why and decided:
                 if decision is None:
                     why = (f"the whole model has not been measured with it in {mode} mode "

@@ -12,7 +12,8 @@ Rules (docs/ARCHITECTURE.md "Regions" states them for users):
      (the batch_norm's rsqrt(var + eps)), so `linear+gelu` or `conv+batch_norm+relu` is one
      region, written once; a transpose ends the epilogue (RoPE on the heads of q stays its own
      region), and ops that only feed a reduction chain go back to it (an RMSNorm's pow(2)).
-     On a GPU only (`epilogues_for`): on the cpu the vendor GEMM is far ahead of a generated one.
+     On a GPU only (`epilogues_for`): on the cpu the vendor GEMM is far ahead of a generated one;
+     a convolution only when asked (KFORGE_EPILOGUES=1): no design writes conv+epilogue yet.
   3. Pointwise ops, views, factories of constants and reductions fuse into *chains*, the kind
      of group a fusing compiler turns into one kernel. A chain holds at most one *reduction
      domain* (reductions over the same input shape and dims, like softmax's amax and sum or
@@ -238,18 +239,19 @@ class _Group:
 
 
 def epilogues_for(node: fx.Node) -> bool:
-    """Whether a GEMM/conv takes its epilogue into its region (rule 2): on a GPU, where one
-    kernel writing the activated tile beats the library GEMM plus a pass over its output. On
-    the cpu the library (oneDNN/MKL) is far ahead of a generated GEMM, so the epilogue stays a
-    region of its own that a cpu kernel can win on. KFORGE_EPILOGUES=1 / =0 forces it either way
-    (tests of the GPU partition on a cpu)."""
+    """Whether a GEMM/conv takes its epilogue into its region (rule 2): on a GPU, a GEMM, where
+    one kernel writing the activated tile beats the library GEMM plus a pass over its output.
+    On the cpu the library (oneDNN/MKL) is far ahead of a generated GEMM, so the epilogue stays a
+    region of its own that a cpu kernel can win on. A convolution keeps its epilogue apart on the
+    GPU too (GPU_EPILOGUE_HOSTS says why). KFORGE_EPILOGUES=1 folds both kinds, =0 neither
+    (tests of the GPU partition on a cpu; trying a conv+epilogue design)."""
     import os
 
     force = os.environ.get("KFORGE_EPILOGUES", "")
     if force in ("0", "1"):
         return force == "1"
     v = _val(node)
-    return isinstance(v, torch.Tensor) and v.device.type == "cuda"
+    return isinstance(v, torch.Tensor) and v.device.type == "cuda" and node.target in GPU_EPILOGUE_HOSTS
 
 
 def partition(gm: fx.GraphModule) -> Partition:
@@ -417,6 +419,15 @@ _RESHAPES = {_aten.view.default, _aten._unsafe_view.default, _aten.reshape.defau
 # tile before the one write (cuBLASLt epilogues, cuDNN fused conv, a generated kernel).
 EPILOGUE_HOSTS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,
                   _aten.convolution.default}
+# Those that take it by default on a GPU: the GEMMs, whose fused region has kernels (the
+# epilogue-fused GEMM designs, and node zero: cuBLAS into a buffer plus Inductor's epilogue).
+# Not the convolution: no design writes conv+epilogue yet (the epilogue designs are built on the
+# GEMM core, and Inductor keeps cuDNN's result from `extern_kernels.convolution`, which a Triton
+# seed cannot rewrite), so a folded region could only end with 0 candidates, and it took the
+# epilogue that Inductor's own kernel (the seed) and the pointwise designs can search: on the
+# H200 (2026-12-04) ResNet-50's top regions were conv+batch_norm+relu chains, both searched with
+# 0 candidates. Kept apart, the batch_norm+relu chain is a region in Inductor's layout.
+GPU_EPILOGUE_HOSTS = EPILOGUE_HOSTS - {_aten.convolution.default}
 
 
 def _move_edge_views(groups, group_of, cats, idx) -> None:

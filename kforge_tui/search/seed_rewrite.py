@@ -285,6 +285,22 @@ LIBRARY_CALLS = {"mm", "addmm", "bmm", "baddbmm"}  # extern_kernels.f(..., out=b
 FALLBACK_OUT = {"topk": 2, "sort": 2}
 
 
+# Library calls Inductor makes that return a new tensor it keeps (not into a buffer): no seed
+# can be written for a region holding one, whatever Inductor's kernels around it are.
+KEPT_RESULT_CALLS = {"aten.convolution.default": "convolution (cuDNN)"}
+
+
+def unseedable(task: Task) -> str | None:
+    """Why no seed can come from Inductor's code for this region, when its graph alone says so
+    (None: try). Selection asks before any compile: a Triton search of such a region would end
+    with 0 candidates."""
+    for n in task.graph.get("nodes", ()):
+        if n.get("target") in KEPT_RESULT_CALLS:
+            return (f"Inductor calls the library {KEPT_RESULT_CALLS[n['target']]} through extern_kernels "
+                    "and keeps its result, which a Triton seed cannot rewrite")
+    return None
+
+
 def _kernels_of(tree: ast.Module, target, chosen: dict):
     """(kernels, helper sources, uses libdevice) of Inductor's `async_compile.triton` blocks."""
     kernels: dict[str, SeedKernel] = {}

@@ -28,6 +28,7 @@ from kforge_tui.regions.task import Task
 from kforge_tui.search.designs import Design, designs_for, designs_in
 from kforge_tui.search.families._common import ELEM_BYTES
 from kforge_tui.search.proposers.base import Proposal, ProposalContext
+from kforge_tui.search.seed_rewrite import unseedable
 
 SHRINK = ("threads", "vec", "warps", "lanes", "channels", "unroll", "chunks", "splits", "cluster", "keep",
           "rows")
@@ -92,8 +93,9 @@ class BuiltinProposer:
         at once with 0 candidates: selection passes it over, workload/select.py). A search in
         Triton starts from Inductor's own kernel, which the worker compiles later: it serves,
         and no seed is generated here to find out (that would cache a seed that is not the
-        worker's autotuned one)."""
-        if "triton" in (languages or ()):
+        worker's autotuned one), unless the region's graph alone rules a seed out (a
+        convolution: seed_rewrite.unseedable)."""
+        if "triton" in (languages or ()) and unseedable(task) is None:
             return True
         try:
             return bool(self._families(task))
