@@ -3,7 +3,8 @@
 One model, three forwards compiled in this order: torch.compile, the kforge backend with no
 kernel (the backend every model with a kept kernel runs through; with none kept `apply` gives
 torch.compile itself) and torch.compile again (whether the order of
-compilation matters). Each is timed by do_bench three times, alternated, and by the end-to-end
+compilation matters). The decision's own measurement (decide.py: two forwards alone, paired
+rounds, compare_blocks) is run on pairs of these, which must never keep one over the other. Each is timed by do_bench three times, alternated, and by the end-to-end
 clocks of integrate/measure.py: throughput (short and long blocks) and latency. The kforge
 backend with no kernel must read as torch.compile does on every clock, and each clock's
 kforge / compile ratio must agree with do_bench's within 5 % (issue 26).
@@ -78,6 +79,15 @@ def run(ctx) -> Table:
             for _ in range(3):
                 for name, fn in fns.items():
                     db[name].append(measure.do_bench({name: fn}, inputs, ctx.device)[name])
+        # the decision's own measurement (decide.py): two forwards alone, paired rounds, its
+        # verdict; both orders. The same graph must never read as a gain here.
+        pairs = []
+        for cur, trial in (("compile", "kforge0"), ("kforge0", "compile"), ("compile", "compile2")):
+            ps = measure.throughput({"current": fns[cur], "trial": fns[trial]}, inputs, ctx.device)
+            v = measure.compare_blocks(ps, "current", "trial")
+            pairs.append({"forward": f"decision pair: {cur} then {trial}", "thr8_ms": ps.median("trial"),
+                          "latency_ms": None, "do_bench_ms": None,
+                          "do_bench_runs": f"current/trial {v.ratio:.3f}, {'KEPT' if v.faster else 'dropped'}: {v.why}"})
         short = measure.throughput(fns, inputs, ctx.device, rounds=12, block=8)
         long = measure.throughput(fns, inputs, ctx.device, rounds=4, block=64)
         lat = measure.latency(fns, inputs, ctx.device)
@@ -92,10 +102,14 @@ def run(ctx) -> Table:
     ratio = lambda col: (rows[1][col] / rows[0][col]) if rows[0][col] and rows[1][col] else None  # noqa: E731
     ratios = {c: ratio(c) for c in ("do_bench_ms", "thr8_ms", "thr64_ms", "latency_ms")}
     rows.append({"forward": "kforge0/compile", **{c: round(v, 3) if v else None for c, v in ratios.items()}})
-    rows += kernels
+    rows += pairs + kernels
     agree = ratios["do_bench_ms"] is None or abs(ratios["thr8_ms"] / ratios["do_bench_ms"] - 1) <= 0.05
     cols = ["forward", "do_bench_ms", "thr8_ms", "thr64_ms", "latency_ms", "do_bench_runs"]
     return Table(cols + (["compile_us", "kforge0_us"] if kernels else []), rows,
                  [f"{ctx.args.model} on {ctx.device}: ms per forward, medians",
                   "throughput (the decision clock) " + ("agrees with" if agree else "DISAGREES with")
-                  + " do_bench on kforge0/compile within 5 %"], {}, agree)
+                  + " do_bench on kforge0/compile within 5 %",
+                  "decision pairs: the same graph twice must be dropped in either order"
+                  + ("" if not any("KEPT" in r["do_bench_runs"] for r in pairs) else " (one was KEPT: the "
+                     "decision's measurement can read a gain where there is none)")], {},
+                 agree and not any("KEPT" in r["do_bench_runs"] for r in pairs))
