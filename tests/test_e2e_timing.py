@@ -154,3 +154,11 @@ def test_the_bench_table_calls_a_row_slower_only_when_both_clocks_say_so():
     note = _runs.never_slower(rows)
     assert "2 of 3 rows" in note and "c (reduce-overhead: 0.900" in note and "b (" not in note, note
     assert _runs._agreement({"ratios": {"eager": 1.01, "kforge": 0.93}, "agrees": False}) == "0.930 OFF"
+
+
+def test_the_confirmation_keeps_a_real_gain_and_not_an_equal_forward():
+    from kforge_tui.integrate.decide import confirm
+
+    base, faster, same = _Sleeper([4.0]), _Sleeper([2.0]), _Sleeper([4.0])
+    assert confirm(base, faster, (None,), "cpu", rounds=6, block=3).faster
+    assert not confirm(base, same, (None,), "cpu", rounds=6, block=3).faster

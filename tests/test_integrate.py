@@ -199,8 +199,9 @@ def test_end_to_end_report_compares_eager_compile_and_kforge(chain_run):
     (trial,) = rep["decision"]["trials"]
     assert trial["calls"] == 1 and trial["gain"] is not None
     assert trial["kept"] == bool(rep["kernels_used"]) and trial["why"]
-    if not trial["kept"]:
-        assert "no faster in the model" in rep["skipped"][trial["task_id"]]
+    if not trial["kept"]:  # slower on its trial, or kept there and not confirmed (decide.confirm)
+        why = rep["skipped"][trial["task_id"]]
+        assert "no faster in the model" in why or "not confirmed" in why, why
     assert lm.model._compiled_call_impl is None  # the user's model is left as it was
     # the decision is recorded: apply() now puts in exactly what it kept
     with warnings.catch_warnings():
@@ -516,3 +517,27 @@ def test_a_winner_in_a_language_integration_cannot_build_gives_way_to_the_best_t
     only = _two_language_run(tmp_path / "only", [(TRITON_SRC, 4.0)])
     rows, skipped, _, _ = winners(only, decided=False)
     assert rows == [] and "verified kernels are triton" in next(iter(skipped.values()))
+
+
+@pytest.mark.slow
+def test_a_kept_set_the_confirmation_does_not_bear_out_does_not_go_in(tmp_path, one_thread, monkeypatch):
+    """The kept set is timed against the baseline once more (decide.confirm); when that reads no
+    gain, nothing goes in and every trial says why."""
+    from kforge_tui.integrate import decide, measure
+    from kforge_tui.integrate.e2e import check_end_to_end
+    from kforge_tui.workload.loader import LoadedModel
+
+    model, x, first, second, run = _two_chains_run(tmp_path)
+    asked = []
+
+    def not_again(base, current, *a, **k):
+        asked.append((base, current))
+        return measure.Verdict(False, 1.0, 6, 12, "+0.0 % on the whole forward (needs > 0.5 %)")
+
+    monkeypatch.setattr(decide, "confirm", not_again)
+    rep = check_end_to_end(LoadedModel(model, (x,), "two_chains", "cpu"), run, mode="eager")
+    trials = {t["task_id"]: t for t in rep["decision"]["trials"]}
+    assert len(asked) == 1 and asked[0][0] is model  # eager mode: the baseline is the model itself
+    assert not trials[first.task_id]["kept"] and "not confirmed" in trials[first.task_id]["why"], trials
+    assert rep["decision"]["kept"] == [] and rep["kernels_used"] == {} and rep["kernels"] == []
+    assert rep["decision"]["confirmed"] == 1.0
