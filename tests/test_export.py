@@ -92,7 +92,9 @@ def test_export_layout_and_manifest(exported):
         roots = {(a.name if isinstance(n, ast.Import) else (n.module or "")).split(".")[0]
                  for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
                  and not getattr(n, "level", 0) for a in n.names}  # siblings are relative
-        assert roots <= set(sys.stdlib_module_names) | {"torch", "__future__", "kforge_tui"}, (f, roots)
+        # triton comes with torch's CUDA build, and is imported only to load a Triton kernel
+        extra = {"triton"} if f.name == "triton_region.py" else set()
+        assert roots <= set(sys.stdlib_module_names) | {"torch", "__future__", "kforge_tui"} | extra, (f, roots)
 
 
 @pytest.mark.slow

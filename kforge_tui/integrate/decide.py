@@ -144,7 +144,7 @@ def decide(loaded, specs: list[dict], *, mode: str = "compile", inductor_mode: s
                 tr.why = f"not tried: only the {max_trials} best-ranked candidates are compiled into the model"
                 continue
             try:
-                kernel = rt.Kernel(spec)
+                kernel = rt.kernel_for(spec)
                 fn, runtime = kforge_fn(model, kept_kernels + [kernel], backend, mode, inductor_mode)
                 t0 = time.perf_counter()
                 runtime.reset_counts()

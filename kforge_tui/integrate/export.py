@@ -1,11 +1,11 @@
 """`kforge export RUN_DIR OUT_DIR`: a package that needs only torch to put the winners in.
 
 OUT_DIR becomes an importable package: `__init__.py` (apply(model) / remove(model)), `_kforge/`
-(verbatim copies of integrate/runtime.py and region_op.cpp and of regions/graph.py,
+(verbatim copies of integrate/runtime.py, kernel_spec.py, triton_region.py and region_op.cpp and of regions/graph.py,
 partition.py, rewrite.py and trace.py, which import only torch and the standard library: the
 torch.compile backend, the C++ region op (built on first use with torch.utils.cpp_extension,
 or Python calls where no compiler is there) and the partitioner that finds the regions again), `kernels/` (each winner's source, its ABI header
-and its prebuilt binary) and `manifest.json` (regions, shapes, dtypes, measured speedups,
+and its prebuilt binary; a Triton winner's source alone, which Inductor compiles where it runs) and `manifest.json` (regions, shapes, dtypes, measured speedups,
 device, compile flags, date). `apply(model)` compiles the model in place with the kforge
 backend, as `kforge_tui.apply` does. Binaries are built for the architecture the run was
 verified on; on another GPU/CPU the package rebuilds them from source when a compiler is
@@ -127,6 +127,13 @@ def export_run(run_dir, out_dir, *, min_speedup: float = 1.02, mode: str = "comp
     for row in rows:
         tid = row["task_id"]
         task = Task.from_json(row["task"])
+        if row.get("best_lang") == "triton" or task.backend == "triton":  # Inductor compiles it there
+            (kdir / f"{tid}.py").write_text(row["source"])
+            spec = spec_for(row["task"], "", row)
+            spec.pop("lib")
+            spec.update(lang="triton", device="cuda", source=f"kernels/{tid}.py")
+            entries.append(spec)
+            continue
         try:
             lib = build(row["source"], task, build_arch, Path(run_dir) / "cache")
         except Exception as e:
@@ -154,7 +161,9 @@ def export_run(run_dir, out_dir, *, min_speedup: float = 1.02, mode: str = "comp
     shutil.rmtree(pkg, ignore_errors=True)
     pkg.mkdir()
     (pkg / "__init__.py").write_text('"""kforge runtime (copied from kforge-tui; needs only torch)."""\n')
-    for mod in (rt, graph, partition, rewrite, trace):
+    from kforge_tui.integrate import kernel_spec, triton_region
+
+    for mod in (rt, kernel_spec, triton_region, graph, partition, rewrite, trace):
         shutil.copyfile(mod.__file__, pkg / Path(mod.__file__).name)
     shutil.copyfile(rt.NATIVE_SOURCE, pkg / rt.NATIVE_SOURCE.name)  # built there once per machine
     (out / "__init__.py").write_text(INIT_TEMPLATE.format(

@@ -59,13 +59,15 @@ def _gate(t: dict, mode: str, min_speedup: float) -> str:
 
 
 def _integrable(store, t: dict) -> tuple[dict, str]:
-    """Task row `t` with its best node in the language integration builds for the task (its
-    ABI language: a `.cu`/`.cpp` library the region op loads), and "" or why there is none.
-    An `auto` search also times Triton candidates (Inductor's seed and moves from it), which
-    the region op cannot load yet: their figures still rank the search, but the kernel that
-    goes in is the best one in the task's own language, gated on its own time."""
+    """Task row `t` with its best node in a language integration can put in for the task, and
+    "" or why there is none. A task's own ABI language always goes in (a `.cu`/`.cpp` library
+    the region op loads); on a GPU a Triton kernel does too (triton_region.py: Inductor
+    launches it), so an `auto` search's Triton winner (Inductor's seed or a move from it) is
+    what goes in. A CPU task's Triton candidates ran under Triton's interpreter, which no
+    compiled model can call: there the best kernel in the task's own language goes in, gated on
+    its own time."""
     backend = (t.get("task") or {}).get("backend") or "cuda"
-    if t.get("best_lang") in (None, backend):
+    if t.get("best_lang") in (None, backend) or (t.get("best_lang") == "triton" and backend == "cuda"):
         return t, ""
     got = store.best_in_language(t["task_id"], backend)
     if got is None:
@@ -150,6 +152,28 @@ def spec_for(task_json: dict, lib_path: str, row: dict) -> dict:
             "calls": task.calls, "site_key": task.site_key}
 
 
+def triton_spec(row: dict, cache_dir: Path) -> dict:
+    """The spec of a Triton winner: its source checked again (it is about to be imported into
+    this process) and written where Triton and Inductor read a kernel's source from."""
+    import hashlib
+
+    from kforge_tui.device import cuda_available
+    from kforge_tui.sandbox import triton_check
+
+    if not cuda_available():
+        raise RuntimeError("a Triton kernel, and no CUDA GPU is visible here (Inductor launches "
+                           "Triton kernels on a GPU only)")
+    rep = triton_check.check_source(row["source"])
+    if not rep.ok:
+        raise RuntimeError(f"its source no longer passes the Triton check: {rep.diagnostics[0].text()}")
+    path = cache_dir / "triton" / (f"{row['task_id']}_"
+                                   f"{hashlib.sha1(row['source'].encode()).hexdigest()[:12]}.py")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        path.write_text(row["source"])
+    return dict(spec_for(row["task"], "", row), lang="triton", source_path=str(path), device="cuda")
+
+
 def build(source: str, task, arch: str, cache_dir: Path) -> str:
     """Compile one winner with the sandbox compiler (cached by hash in RUN_DIR/cache)."""
     from kforge_tui.sandbox.compile import compile_candidate_sync
@@ -178,6 +202,12 @@ def prepare(run_dir, *, min_speedup: float = 1.02, ops: list[str] | None = None,
     cache = Path(run_dir) / "cache"
     for row in rows:
         task = Task.from_json(row["task"])
+        if row.get("best_lang") == "triton" or task.backend == "triton":
+            try:
+                prep.specs.append(triton_spec(row, cache))
+            except Exception as e:  # noqa: BLE001 - one bad winner must not stop the others
+                prep.skipped[row["task_id"]] = f"{type(e).__name__}: {e}"
+            continue
         if task.backend == "cuda" and not cuda_available():
             prep.skipped[row["task_id"]] = "a cuda kernel, and no CUDA GPU is visible here"
             continue
@@ -215,7 +245,7 @@ class Patch:
         self.kernels: list[dict] = [
             {k: s.get(k) for k in ("task_id", "op", "kind", "shape", "dtype", "speedup",
                                    "baseline_us", "compiled_us", "best_us", "node", "backend")}
-            for s in prep.specs]
+            | {"lang": s.get("lang") or s.get("backend")} for s in prep.specs]
 
     @property
     def active(self) -> bool:
@@ -269,7 +299,7 @@ def apply(model, run_dir, *, mode: str = "compile", inductor_mode: str | None = 
         rt.uninstall(model)
         if mode == "eager":
             return Patch(model, None, prep)
-    runtime = rt.Runtime([rt.Kernel(s) for s in prep.specs])
+    runtime = rt.Runtime([rt.kernel_for(s) for s in prep.specs])
     rt.install(model, runtime, backend_of(prep), mode=mode, inductor_mode=inductor_mode)
     return Patch(model, runtime, prep)
 

@@ -40,16 +40,17 @@ import torch.fx as fx
 
 try:  # an exported package: siblings
     from . import graph as _graph, rewrite as _rewrite, trace as _trace  # type: ignore
+    from . import triton_region as _triton  # type: ignore
+    from .kernel_spec import ALIGN, KernelSpec  # type: ignore
 except ImportError:
     from kforge_tui.regions import graph as _graph, rewrite as _rewrite, trace as _trace
+    from kforge_tui.integrate import triton_region as _triton
+    from kforge_tui.integrate.kernel_spec import ALIGN, KernelSpec
 
 log = logging.getLogger("kforge.integrate")
 
 ENTRY = "kforge_launch"
 MODES = ("compile", "eager")
-# The sandbox places every tensor at a 64-byte boundary (and no closer to a page start than
-# that), so a kernel is known to be right only for pointers aligned so: any other call falls back.
-ALIGN = 64
 NATIVE_SOURCE = Path(__file__).with_name("region_op.cpp")
 
 
@@ -80,39 +81,17 @@ class ArchMismatch(RuntimeError):
     """Binaries were built for another GPU/CPU and no compiler is there to rebuild them."""
 
 
-def _dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
-
-
 def _meta_json(t) -> dict:
     return {"shape": [int(s) for s in t.shape], "dtype": str(t.dtype).replace("torch.", ""),
             "stride": [int(s) for s in t.stride()]}
 
 
-def _same_strides(got, want, shape) -> bool:
-    # the stride of a dim of size 1 never moves a pointer ([16, 1] as (1, 0) or (1, 1))
-    return all(a == b for a, b, n in zip(got, want, shape) if n > 1)
-
-
-class Kernel:
-    """One verified region kernel: its compiled entry point and the exact layouts it takes.
-
-    `site_key` is the key the graph rewrite computes (the region at the graph's own layouts);
-    `key` names the kernel (the region at the layouts it was verified on: Inductor's, for a
-    task whose capture found them) and is the op's argument in the graph, so two kernels for one
-    site with different layouts never share a graph in Inductor's FX graph cache."""
+class Kernel(KernelSpec):
+    """One verified CUDA or C++ region kernel: its compiled entry point (`kforge_launch` in a
+    shared library), called by the region op. The layouts and keys are KernelSpec's."""
 
     def __init__(self, spec: dict):
-        self.spec = spec
-        self.task_id = spec["task_id"]
-        self.key = spec["key"]
-        self.site_key = spec.get("site_key") or spec["key"]
-        self.op = spec.get("op", "")
-        self.backend = spec["backend"]
-        self.cuda = self.backend == "cuda"
-        self.graph = spec["graph"]
-        self.inputs = [(tuple(m["shape"]), _dtype(m["dtype"]), tuple(m["stride"])) for m in spec["inputs"]]
-        self.outputs = [(tuple(m["shape"]), _dtype(m["dtype"]), tuple(m["stride"])) for m in spec["outputs"]]
+        super().__init__(spec)
         try:
             self._lib = ctypes.CDLL(str(spec["lib"]))
             cfn = getattr(self._lib, ENTRY)
@@ -123,42 +102,6 @@ class Kernel:
         self.fn = ctypes.CFUNCTYPE(ctypes.c_int, *([ctypes.c_void_p] * n))(self.address)
         self._ins_t = ctypes.c_void_p * max(1, len(self.inputs))
         self._outs_t = ctypes.c_void_p * max(1, len(self.outputs))
-
-    def matches(self, tensors) -> bool:
-        if len(tensors) != len(self.inputs):
-            return False
-        for t, (shape, dt, stride) in zip(tensors, self.inputs):
-            if t.dtype != dt or tuple(t.shape) != shape or t.is_cuda != self.cuda:
-                return False
-            if not _same_strides(t.stride(), stride, shape) or t.data_ptr() % ALIGN:
-                return False
-        return True
-
-    def empty_outputs(self, device) -> list:
-        return [torch.empty_strided(s, st, dtype=dt, device=device) for s, dt, st in self.outputs]
-
-    def fake_inputs(self, vals: list) -> list:
-        """The site's fake input values with this kernel's strides: what Inductor must hand it."""
-        out = []
-        for v, (shape, dt, stride) in zip(vals, self.inputs):
-            if isinstance(v, torch.Tensor) and not _same_strides(v.stride(), stride, shape):
-                mode = getattr(v, "fake_mode", None)
-                if mode is not None:
-                    with mode:
-                        v = torch.empty_strided(shape, stride, dtype=dt, device=v.device)
-                else:
-                    v = torch.empty_strided(shape, stride, dtype=dt, device="meta")
-            out.append(v)
-        return out
-
-    def fake_outputs(self, vals: list) -> list:
-        """Fake values of what the kernel writes (its verified output layouts)."""
-        ref = next((v for v in vals if isinstance(v, torch.Tensor)), None)
-        mode = getattr(ref, "fake_mode", None)
-        if mode is None:
-            return vals
-        with mode:
-            return [torch.empty_strided(s, st, dtype=dt, device=ref.device) for s, dt, st in self.outputs]
 
     def launch(self, tensors) -> list:
         device = tensors[0].device if tensors else torch.device("cuda" if self.cuda else "cpu")
@@ -194,20 +137,24 @@ class Runtime:
         self.fallback_counts: dict[str, int] = {}
         self.replaced: dict[str, int] = {k.task_id: 0 for k in kernels}  # region sites rewritten
         self.native = None
-        if native is not False and all(hasattr(k, "address") for k in self.kernels.values()):
+        called = [k for k in self.kernels.values() if hasattr(k, "address")]  # the op's kernels
+        if native is not False and called:
             self.native = _native()
             if self.native is not None:
-                for k in self.kernels.values():
+                for k in called:
                     self.native.add(k)
             elif native:
                 raise RuntimeError(f"the C++ region op is unavailable: {native_status()['reason']}")
 
     @property
     def counts(self) -> dict[str, int]:
-        """task_id -> calls that ran its kernel (live)."""
+        """task_id -> calls that ran its kernel (live). A Triton kernel is launched by Inductor's
+        own code, which nothing counts: it reads as its call sites in the compiled graphs."""
         out = dict(self._py_counts)
-        if self.native is not None:
-            for k in self.kernels.values():
+        for k in self.kernels.values():
+            if isinstance(k, _triton.TritonKernel):
+                out[k.task_id] = self.replaced.get(k.task_id, 0)
+            elif self.native is not None:
                 out[k.task_id] = out.get(k.task_id, 0) + self.native.calls(k.key)
         return out
 
@@ -396,8 +343,15 @@ def region_op():
 
 # ------------------------------------------------------------------ the graph rewrite
 
+def kernel_for(spec: dict):
+    """The loaded kernel of one spec: a Triton kernel (inlined for Inductor to launch) or a
+    compiled library (called by the region op)."""
+    return _triton.TritonKernel(spec) if spec.get("lang") == "triton" else Kernel(spec)
+
+
 def rewrite(gm: fx.GraphModule, runtime: Runtime, backend: str) -> int:
-    """Replace every region of `gm` that has a verified kernel by one region-op call."""
+    """Replace every region of `gm` that has a verified kernel by one region-op call, or by the
+    launches of its Triton kernel."""
     op = region_op()
     chosen = []
     for site in _rewrite.sites(gm, backend):
@@ -405,8 +359,11 @@ def rewrite(gm: fx.GraphModule, runtime: Runtime, backend: str) -> int:
         if k is None:
             continue
         vals = [i.meta.get("val") for i in site.spec.inputs]
-        chosen.append((site, op, k.fake_inputs(vals),
-                       k.fake_outputs([o.meta.get("val") for o in site.spec.outputs]), k.key))
+        if isinstance(k, _triton.TritonKernel):  # Inductor launches it: its graph, no op
+            chosen.append((site, k.subgraph(vals), None, None, k.key))
+        else:
+            chosen.append((site, op, k.fake_inputs(vals),
+                           k.fake_outputs([o.meta.get("val") for o in site.spec.outputs]), k.key))
         runtime.replaced[k.task_id] = runtime.replaced.get(k.task_id, 0) + 1
     return _rewrite.replace(gm, chosen)
 
@@ -561,6 +518,9 @@ def load_export(pkg_dir: str | Path) -> Runtime:
     kernels = []
     for entry in manifest["kernels"]:
         spec = dict(entry)
+        if spec.get("lang") == "triton":  # a source: Inductor compiles it for this GPU
+            kernels.append(kernel_for(dict(spec, source_path=str(pkg_dir / entry["source"]))))
+            continue
         if here == built_for:
             spec["lib"] = str(pkg_dir / entry["binary"])
         else:

@@ -60,8 +60,46 @@ def sites(gm: fx.GraphModule, backend: str) -> list[Site]:
     return out
 
 
+def _call(g: fx.Graph, op, key, args, in_vals, out_vals, spec) -> list:
+    """One `op(key, inputs)` node and a getitem per output (call it inside an insert point)."""
+    call = g.call_function(op, (key, args))
+    if out_vals is None:
+        out_vals = [o.meta.get("val") for o in spec.outputs]
+    call.meta["val"] = list(out_vals)
+    vals = in_vals if in_vals is not None else [i.meta.get("val") for i in spec.inputs]
+    call.meta["eager_input_vals"] = ((key, vals), {})
+    call.meta["stack_trace"] = spec.nodes[0].meta.get("stack_trace")
+    outs = []
+    for j, o in enumerate(spec.outputs):
+        gi = g.call_function(operator.getitem, (call, j))
+        gi.meta["val"] = out_vals[j]
+        outs.append(gi)
+    return outs
+
+
+def _inline(g: fx.Graph, sub: fx.GraphModule, args, spec) -> list:
+    """`sub`'s nodes copied in (call it inside an insert point), its placeholders bound to `args`;
+    the copies of its outputs, one per region output."""
+    holders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    if len(holders) != len(args):
+        raise ValueError(f"a replacement takes {len(holders)} inputs, the region has {len(args)}")
+    val_map = dict(zip(holders, args))
+    outs = g.graph_copy(sub.graph, val_map)
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    if len(outs) != len(spec.outputs):
+        raise ValueError(f"a replacement returns {len(outs)} values, the region has {len(spec.outputs)}")
+    trace = spec.nodes[0].meta.get("stack_trace")
+    for n in sub.graph.nodes:
+        copy = val_map.get(n)
+        if isinstance(copy, fx.Node) and n.op != "placeholder":
+            copy.meta.setdefault("stack_trace", trace)
+    return outs
+
+
 def replace(gm: fx.GraphModule, chosen: list[tuple]) -> int:
-    """Replace each chosen site by `op(key, inputs)` returning the region's outputs as a list.
+    """Replace each chosen site by `op(key, inputs)` returning the region's outputs as a list,
+    or, where `op` is a GraphModule, by that graph's nodes inlined (a Triton kernel's launches:
+    integrate/triton_region.py).
 
     `chosen` holds (site, op, input_vals, output_vals[, key]): input_vals are the fake values
     whose strides the op requires (`eager_input_vals`, read by Inductor for ops tagged
@@ -77,18 +115,10 @@ def replace(gm: fx.GraphModule, chosen: list[tuple]) -> int:
         members = set(spec.nodes)
         with g.inserting_before(spec.nodes[0]):
             args = [subst.get(i, i) for i in spec.inputs]
-            call = g.call_function(op, (key, args))
-            if out_vals is None:
-                out_vals = [o.meta.get("val") for o in spec.outputs]
-            call.meta["val"] = list(out_vals)
-            vals = in_vals if in_vals is not None else [i.meta.get("val") for i in spec.inputs]
-            call.meta["eager_input_vals"] = ((key, vals), {})
-            call.meta["stack_trace"] = spec.nodes[0].meta.get("stack_trace")
-            outs = []
-            for j, o in enumerate(spec.outputs):
-                gi = g.call_function(operator.getitem, (call, j))
-                gi.meta["val"] = out_vals[j]
-                outs.append(gi)
+            if isinstance(op, fx.GraphModule):
+                outs = _inline(g, op, args, spec)
+            else:
+                outs = _call(g, op, key, args, in_vals, out_vals, spec)
         for o, gi in zip(spec.outputs, outs):
             subst[o] = gi
             for user in list(o.users):

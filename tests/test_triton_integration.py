@@ -1,0 +1,144 @@
+"""A verified Triton winner inside torch.compile (integrate/triton_region.py): its launches are
+inlined into the graph as Inductor's own user-defined Triton kernel, with no region op.
+
+On the CPU the graph rewrite is checked on the graph the kforge backend really gets (the model
+then runs its original graph: no GPU to launch on); on a GPU (`-m gpu`) the winner runs in the
+compiled model, in default mode and under CUDA graphs, and the profiler shows its kernel.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kforge_tui.integrate import runtime as rt  # noqa: E402
+from kforge_tui.integrate.patch import spec_for  # noqa: E402
+from kforge_tui.integrate.triton_region import TritonLoadError  # noqa: E402
+from kforge_tui.regions import trace as _trace  # noqa: E402
+from kforge_tui.regions.build import tasks_of  # noqa: E402
+from test_integrate import build_tiny, chain_task, example, make_run  # noqa: E402
+
+# Tiny's chain after the linear (silu, -0.1, relu, *3, softmax over rows of 64), one program a row.
+CHAIN_TRITON = '''import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kf_chain_kernel(x_ptr, y_ptr, N: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0)
+    v = x / (1.0 + tl.exp(-x)) - 0.1
+    v = tl.maximum(v, 0.0) * 3.0
+    v = tl.where(mask, v, float("-inf"))
+    e = tl.exp(v - tl.max(v, axis=0))
+    e = tl.where(mask, e, 0.0)
+    tl.store(y_ptr + row * N + cols, e / tl.sum(e, axis=0), mask=mask)
+
+
+def kforge_launch(inputs, outputs):
+    x, y = inputs[0], outputs[0]
+    kf_chain_kernel[(x.shape[0],)](x, y, N=x.shape[1], BLOCK=64, num_warps=2, num_stages=1)
+    return 0
+'''
+# Python that follows the values: no trace of it can stand for every call.
+DATA_DEPENDENT = CHAIN_TRITON.replace("    x, y = inputs[0], outputs[0]\n",
+                                      "    x, y = inputs[0], outputs[0]\n    if x.sum().item() > 0:\n"
+                                      "        return 0\n")
+
+
+def _kernel(tmp_path, source: str, task, device: str):
+    path = tmp_path / "chain.py"
+    path.write_text(source)
+    spec = dict(spec_for(task.to_json(), "", {}), lang="triton", source_path=str(path), device=device)
+    return rt.kernel_for(spec)
+
+
+def _rewritten_graph(model, x, runtime, backend: str) -> dict:
+    """The graph the kforge backend hands Inductor, rewritten; the model runs its original one."""
+    seen = {}
+
+    def hook(gm, example_inputs, is_inference, kwargs):
+        original = copy.deepcopy(gm)
+        seen["replaced"] = rt.rewrite(gm, runtime, backend)
+        seen["gm"] = gm
+        return _trace.eager_runner(original)
+
+    with torch.inference_mode():
+        torch.compile(model, backend=_trace.make_backend(hook), dynamic=False)(x)
+    return seen
+
+
+def test_a_triton_winner_replaces_its_region_with_inductors_own_kernel_node(tmp_path):
+    task = chain_task()
+    k = _kernel(tmp_path, CHAIN_TRITON, task, "cpu")
+    runtime = rt.Runtime([k])
+    seen = _rewritten_graph(build_tiny(), example(), runtime, "cpu")
+    assert seen["replaced"] == 1
+    nodes = list(seen["gm"].graph.nodes)
+    targets = [str(n.target) for n in nodes if n.op == "call_function"]
+    assert not any(rt.OP_NS in t for t in targets), "a Triton kernel needs no region op"
+    for op in ("silu", "relu", "softmax", "exp"):  # the region's aten ops are gone
+        assert not any(f"aten.{op}" in t for t in targets), (op, targets)
+    hops = [n for n in nodes if n.target is torch.ops.higher_order.triton_kernel_wrapper_functional]
+    assert len(hops) == 1
+    hop = hops[0]
+    # the output buffer is the kernel's to write; the region's input is read only (the sandbox
+    # verified it), so it is neither cloned before the launch nor copied back after it
+    assert hop.kwargs["tensors_to_clone"] == ["y_ptr"]
+    assert not any(n.target is torch.ops.aten.copy_.default for n in nodes)
+    x_val = hop.meta["eager_input_vals"][1]["kwargs"]["x_ptr"]
+    assert tuple(x_val.stride()) == k.inputs[0][2]  # Inductor hands it over in these strides
+    (out,) = [n for n in nodes if n.op == "output"][0].args[0]
+    assert out.args[0] is hop and out.args[1] == "y_ptr"  # the model's result is the kernel's output
+    assert runtime.counts == {task.task_id: 1}  # its call sites: Inductor launches it
+
+
+def test_a_launcher_a_trace_cannot_follow_is_refused_with_the_reason(tmp_path):
+    task = chain_task()
+    k = _kernel(tmp_path, DATA_DEPENDENT, task, "cpu")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        x = torch.empty(task.inputs[0].shape)
+    with pytest.raises(TritonLoadError, match="cannot be traced into the graph"):
+        k.subgraph([mode.from_tensor(x) if not hasattr(x, "fake_mode") else x])
+
+
+def test_a_source_without_its_entry_point_does_not_load(tmp_path):
+    with pytest.raises(TritonLoadError, match="has no kforge_launch"):
+        _kernel(tmp_path, CHAIN_TRITON.replace("def kforge_launch", "def launch"), chain_task(), "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("inductor_mode", [None, "reduce-overhead"])
+def test_a_triton_winner_runs_inside_the_compiled_model(tmp_path, inductor_mode):
+    from torch.profiler import ProfilerActivity, profile
+
+    from kforge_tui.integrate.patch import apply
+
+    model = build_tiny().cuda()
+    x = example().cuda()
+    task = next(t for t in tasks_of(model, (x,), backend="cuda") if t.kind == "reduction")
+    run = make_run(tmp_path / "r", [(task, CHAIN_TRITON, 20.0, 15.0, 5.0)])
+    with torch.inference_mode():
+        ref = model(x).clone()
+    with apply(model, run, inductor_mode=inductor_mode, force=True) as patch, torch.inference_mode():
+        assert patch.kernels and patch.kernels[0]["lang"] == "triton", patch.skipped
+        for _ in range(4):  # reduce-overhead records a CUDA graph after warm-up runs
+            got = model(x).clone()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            model(x)
+            torch.cuda.synchronize()
+        names = [e.key for e in prof.key_averages()]
+        assert patch.counts == {task.task_id: 1}
+    if inductor_mode is None:  # under CUDA graphs a replay shows no kernel names
+        assert any("kf_chain_kernel" in n for n in names), names
+    assert not any(rt.OP_NS in n for n in names), names
