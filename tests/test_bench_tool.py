@@ -78,3 +78,40 @@ def test_search_time_names_the_seed_action_node_zero_uses():
     from kforge_tui.search.node_zero import ACTION
 
     assert SEED_ACTION == ACTION
+
+
+def test_the_bench_table_calls_a_row_slower_only_when_both_clocks_say_so():
+    from bench.steps import _runs
+
+    rows = [{"model": "a", "inductor_mode": "default", "vs_compile": 1.01, "db_vs_compile": 0.99},
+            {"model": "b", "inductor_mode": "default", "vs_compile": 0.90, "db_vs_compile": 1.00},
+            {"model": "c", "inductor_mode": "reduce-overhead", "vs_compile": 0.90, "db_vs_compile": 0.91},
+            {"model": "d", "inductor_mode": "default", "vs_compile": None}]
+    note = _runs.never_slower(rows)
+    assert "2 of 3 rows" in note and "c (reduce-overhead: 0.900" in note and "b (" not in note, note
+    assert _runs._agreement({"ratios": {"eager": 1.01, "kforge": 0.93}, "agrees": False}) == "0.930 OFF"
+    assert _runs._agreement({"ratios": {"kforge": 1.09}, "off": 1.004, "agrees": True}) == "1.004 ok"
+
+
+def test_each_apply_row_is_printed_as_it_is_measured(tmp_path, capsys):
+    """A step cut short by a time limit (a device call's) still shows the rows it finished."""
+    import argparse
+    import json as _json
+    import subprocess
+
+    from bench.steps import Context, _runs
+
+    answer = {"mode": "compile", "eager_ms": 5.0, "compile_ms": 2.0, "patched_ms": 1.6, "speedup": 3.125,
+              "speedup_vs_compile": 1.25, "do_bench_ms": {"compile": 2.1, "kforge": 1.7},
+              "clock_agreement": {"ratios": {}, "off": 1.012, "agrees": True},
+              "decision": {"trials": [{"kept": True, "gain": 0.2}]}, "within_tolerance": True}
+
+    class Ctx(Context):
+        def kforge(self, *args, log, timeout=None, capture=False, **env):
+            return subprocess.CompletedProcess(args, 0, _json.dumps(answer), "")
+
+    ctx = Ctx(argparse.Namespace(modes="default"), tmp_path, tmp_path, "cuda", False)
+    row = _runs.apply(ctx, "m", "m.py")
+    assert row["vs_compile"] == 1.25 and row["kept"] == "1/1"
+    err = capsys.readouterr().err
+    assert "m.default: " in err and "vs_compile 1.25" in err and "clock/db 1.012 ok" in err

@@ -120,40 +120,34 @@ def test_the_report_names_the_run_to_re_time_and_says_when_no_kernel_is_in_the_m
     assert "no kernel is in" not in format_end_to_end(dict(r, mode="eager", compile_ms=None))
 
 
-def test_the_decision_clock_is_checked_against_do_bench_forward_by_forward():
-    """Issue 26's honest check: each forward's decision-clock median over its do_bench median,
-    within 5 % or said to disagree (and by how much) in the report."""
+def test_the_checks_result_is_checked_against_do_bench_of_the_same_forwards():
+    """Issue 26's honest check: kforge's speedup over torch.compile on the decision clock and on
+    triton's do_bench agree within 5 %, or the report says they do not and by how much; each
+    forward's clock / do_bench ratio is reported beside it (it differs by method alone)."""
     s = measure.Samples("throughput", {"eager": [4.0, 4.1, 3.9], "compile": [2.0, 2.02, 1.98],
                                        "kforge": [1.9, 1.92, 1.88]})
-    close = measure.agreement(s, {"eager": 4.05, "compile": 1.98, "kforge": 1.91})
-    assert close["agrees"] and close["worst"] < 0.02
-    assert set(close["ratios"]) == {"eager", "compile", "kforge"}
-    far = measure.agreement(s, {"eager": 4.0, "compile": 2.0, "kforge": 1.6})  # kforge 19 % off
-    assert not far["agrees"] and abs(far["ratios"]["kforge"] - 1.9 / 1.6) < 1e-9
+    # every forward reads 9 % higher on the clock (a warm cache against a cleared one): the
+    # speedup is the same on both, so they agree
+    shifted = measure.agreement(s, {"eager": 4.0 / 1.09, "compile": 2.0 / 1.09, "kforge": 1.9 / 1.09})
+    assert shifted["agrees"] and shifted["against"] == "compile" and abs(shifted["off"] - 1) < 1e-9
+    assert abs(shifted["worst"] - 0.09) < 1e-9 and set(shifted["ratios"]) == {"eager", "compile", "kforge"}
+    # do_bench reads kforge 19 % faster than the clock does: the result does not hold there
+    far = measure.agreement(s, {"eager": 4.0, "compile": 2.0, "kforge": 1.6})
+    assert not far["agrees"] and abs(far["speedup"]["clock"] - 2.0 / 1.9) < 1e-9
+    assert abs(far["speedup"]["do_bench"] - 1.25) < 1e-9 and abs(far["ratios"]["kforge"] - 1.9 / 1.6) < 1e-9
+    eager_only = measure.agreement(measure.Samples("throughput", {"eager": [4.0], "kforge": [2.0]}),
+                                   {"eager": 4.0, "kforge": 2.08})
+    assert eager_only["against"] == "eager" and eager_only["agrees"]  # 2.0x against 1.92x: 4 % apart
     assert measure.agreement(s, None) is None and measure.agreement(s, {}) is None
     r = {"eager_ms": 4.0, "compile_ms": 2.0, "patched_ms": 1.9, "speedup": 2.1, "speedup_vs_compile": 1.05,
          "max_abs_err": 0.0, "within_tolerance": True, "mode": "compile", "clock": "throughput",
          "kernels": [{"task_id": "t"}]}
-    assert "agree within 5%" in format_end_to_end(dict(r, clock_agreement=close))
+    text = format_end_to_end(dict(r, clock_agreement=shifted))
+    assert "kforge over torch.compile: 1.05× on the throughput clock, 1.05× on triton's do_bench" in text, text
+    assert "(agree within 5%)" in text and "each forward: eager 1.09" in text, text
     text = format_end_to_end(dict(r, clock_agreement=far))
-    assert "DISAGREE by up to 19%" in text and "kforge 1.19" in text, text
+    assert "1.25× on triton's do_bench" in text and "DISAGREE by 16%" in text, text
     assert "do_bench, each forward" not in format_end_to_end(r)  # nothing said without do_bench
-
-
-def test_the_bench_table_calls_a_row_slower_only_when_both_clocks_say_so():
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from bench.steps import _runs
-
-    rows = [{"model": "a", "inductor_mode": "default", "vs_compile": 1.01, "db_vs_compile": 0.99},
-            {"model": "b", "inductor_mode": "default", "vs_compile": 0.90, "db_vs_compile": 1.00},
-            {"model": "c", "inductor_mode": "reduce-overhead", "vs_compile": 0.90, "db_vs_compile": 0.91},
-            {"model": "d", "inductor_mode": "default", "vs_compile": None}]
-    note = _runs.never_slower(rows)
-    assert "2 of 3 rows" in note and "c (reduce-overhead: 0.900" in note and "b (" not in note, note
-    assert _runs._agreement({"ratios": {"eager": 1.01, "kforge": 0.93}, "agrees": False}) == "0.930 OFF"
 
 
 def test_the_confirmation_keeps_a_real_gain_and_not_an_equal_forward():
