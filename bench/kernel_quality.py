@@ -99,7 +99,7 @@ def time_liger(task, run_dir, fn):
     from kforge_tui.regions.task import load_calls
     from kforge_tui.workload.profile import _Timer, random_inputs
 
-    calls = load_calls(run_dir, task.task_id)[:1]
+    calls = load_calls(run_dir, task.capture_id)[:1]
     inputs = ([x.cuda() if x is not None else None for x in calls[0]["inputs"]] if calls
               else random_inputs(task, "cuda"))
     named = named_inputs(task, inputs)

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kforge_tui import events as ev
 from kforge_tui.device import device_info, release_cached_memory, resolve_backend
-from kforge_tui.errors import UsageError
+from kforge_tui.errors import UsageError, WorkFailed
 from kforge_tui.evaluators import (  # noqa: F401 (re-exported)
     _Slots, default_parallel, device_of, kernel_backends, PoolPerLanguage)
 from kforge_tui.run_settings import OptimizeSettings, reserve_run_dir, settings_for_resume  # noqa: F401
@@ -28,28 +27,8 @@ from kforge_tui.sandbox.result import EvaluatorLost
 from kforge_tui.search.languages import route, search_plan
 from kforge_tui.workload.select import check_ops
 from kforge_tui.search.proposers.base import NodeView, Proposal, ProposalContext
+from kforge_tui.search.state import SearchState, _baseline_json, _view
 from kforge_tui.regions.task import Task
-
-
-@dataclass
-class SearchState:
-    """The engine's live state of one task's search (the UI has its own `TaskView`)."""
-
-    task: Task
-    tree: object  # search.mcts.Tree
-    views: dict[int, NodeView] = field(default_factory=dict)
-    inflight: set = field(default_factory=set)
-    paused: bool = False
-    stopped: bool = False
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    baseline: dict | None = None
-    best_speedup: float = 0.0
-    iteration: int = 0
-    started: float = field(default_factory=time.time)
-    status: str = "waiting"  # the last status written to the store (store.TASK_STATUSES)
-    exhausted: str = ""  # set when no node at all could be expanded in this round of search
-    infra_failures: int = 0  # infrastructure failures in a row (not charged; 3 stop the task)
-    confirm_of: dict = field(default_factory=dict)  # re-timing node id -> the node it re-timed
 
 
 class Engine:
@@ -371,11 +350,22 @@ class Engine:
     async def _baselines(self) -> None:
         self.emit(ev.Phase(name="baseline", detail="timing eager PyTorch" +
                            (" and torch.compile" if self.settings.compile_baseline else "")))
+        failed = []
         for ts in self.tasks.values():
             if ts.baseline is None:
                 lang = "triton" if "triton" in self.languages else ts.task.backend  # the seed's worker
-                b = await self._evaluator.baseline(ts.task.with_backend(lang).to_json(), str(self.run_dir),
-                                                   with_compile=bool(self.settings.compile_baseline))
+                try:
+                    b = await self._evaluator.baseline(ts.task.with_backend(lang).to_json(), str(self.run_dir),
+                                                       with_compile=bool(self.settings.compile_baseline))
+                except WorkFailed as e:
+                    # one region PyTorch itself cannot run as captured costs that region, not the
+                    # run: it is listed failed with the reason and the others are searched
+                    failed.append(str(e))
+                    self.log(f"{ts.task.task_id}: not searched: {e}", "warning")
+                    self._set_status(ts, "failed", f"no baseline: {e}")
+                    self._pass_on_budget(ts)
+                    ts.tree.stop()
+                    continue
                 ts.baseline = _baseline_json(b)
                 self.store.set_baseline(ts.task.task_id, ts.baseline)
             b = ts.baseline
@@ -387,11 +377,15 @@ class Engine:
                                       compiled_us=(b.get("compiled") or {}).get("median_us"),
                                       floor_us=b.get("floor_us"),
                                       baseline={k: v for k, v in b.items() if k != "seed"}))
+        if failed and len(failed) == len(self.tasks):
+            raise WorkFailed(f"no region could be timed: {failed[0]}")
 
     # ----------------------------------------------------------------- search
 
     async def _search_task(self, ts: SearchState, confirm: bool = True) -> None:
         tid = ts.task.task_id
+        if ts.baseline is None:  # its baseline failed (_baselines said why): nothing to compare with
+            return
         if ts.stopped:  # stored control state: a stop survives kill and resume
             if ts.status != "stopped":
                 self._set_status(ts, "stopped", "stopped by the user")
@@ -969,25 +963,6 @@ class Engine:
             self.settings.end_to_end = end_to_end
         self._stop = True
         self._wake()
-
-
-def _view(row: dict) -> NodeView:
-    """A store node row as the proposers see it (its failure log where it failed)."""
-    result = row.get("result") or {}
-    log = ""
-    if row.get("status") not in ("ok", "pending", None):
-        mm = result.get("mismatch") if isinstance(result, dict) else None
-        log = (str(mm) + "\n" if mm else "") + (result.get("log", "") if isinstance(result, dict) else "")
-        log = log or row.get("message") or ""
-    return NodeView(row["id"], row.get("parent_id"), row.get("action") or "", row.get("source"),
-                    params=row.get("params") or {}, status=row.get("status") or "pending",
-                    message=row.get("message") or "", time_us=row.get("time_us"), speedup=row.get("speedup"),
-                    resources=(result.get("resources") if isinstance(result, dict) else None) or {},
-                    error_log=log)
-
-
-def _baseline_json(b) -> dict:
-    return b if isinstance(b, dict) else asdict(b)
 
 
 def _fail_reward() -> float:

@@ -191,3 +191,74 @@ def test_the_fresh_bank_gives_each_candidate_every_entry_once_then_new_draws():
     banked = {tuple(v[0].reshape(-1)[:4].tolist()) for v, _ in bank.entries}
     assert set(keys[:8]) == banked and not set(keys[8:]) & banked
     assert [tuple(x.reshape(-1)[:4].tolist()) for x in one[:8]] != keys[:8]  # its own order
+
+
+class SegmentSum(nn.Module):
+    """Sums of row segments given by offsets: offsets carry structure (sorted, ending at the row
+    count) that a uniform draw in their [min, max] breaks, like grouped_mm's group offsets."""
+
+    def forward(self, x, offs):
+        return torch.segment_reduce(x, "sum", offsets=offs) * 2
+
+
+@pytest.mark.parametrize("cap", [1 << 24, 1 << 10], ids=["captured", "over_the_cap"])
+def test_offsets_keep_a_real_calls_values_in_every_random_set(tmp_path, cap):
+    x, offs = torch.randn(512, 64), torch.tensor([0, 3, 100, 100, 257, 512])
+    traced = trace_model(LoadedModel(model=SegmentSum().eval(), example_inputs=(x, offs), spec="test",
+                                     device="cpu"), max_calls=3, max_bytes_per_task=cap)
+    (rec,) = [r for r in traced.records.values() if "segment_reduce" in r.task.op]
+    save_captures(tmp_path, [rec.task], traced)
+    calls = load_calls(tmp_path, rec.task.task_id)
+    assert bool(calls) == (cap > 1 << 10)
+    stats = verify._captured_stats(rec.task, calls) if calls else \
+        verify.summarised_stats(rec.task, tmp_path, rec.task.task_id)
+    assert isinstance(stats[1], verify.RealValues) and not isinstance(stats[0], verify.RealValues)
+    # a uniform draw of the offsets is not a call PyTorch accepts: the reason they are held
+    with pytest.raises(RuntimeError):
+        g = verify.generator("cpu", 3)
+        for _ in range(8):
+            run_graph(rec.task.graph, [x, verify.draw(rec.task.inputs[1], stats[1].stats, g)])
+    sets, note, _ = verify.build_sets(rec.task, calls, 3, "cpu", 1,
+                                      lambda ins: run_graph(rec.task.graph, ins), min_sets=4, stats=stats)
+    assert "integer inputs held at a real call's values" in note
+    randoms = [s for s in sets if s.kind == "random"]
+    assert len(randoms) >= 3
+    for s in randoms:
+        assert torch.equal(s.inputs[1].tensor, offs)
+        assert not torch.equal(s.inputs[0].tensor, x)  # the floats are fresh
+    # the whole check, edge cases and in-place replay checks included, runs on valid calls only
+    ref = lambda ins: run_graph(rec.task.graph, ins)  # noqa: E731
+
+    def honest(s):
+        for o, r in zip(s.outputs, ref(s.tensors())):
+            o.tensor.copy_(r)
+        return 0
+    v = verify.Verifier(rec.task, sets, honest, ref, seed=5, stats=stats,
+                        reference64=verify.reference64(rec.task, "cpu"))
+    assert (v.before_timing() or v.after_timing()) is None
+    assert all(torch.equal(s.inputs[1].tensor, offs) for s in sets)
+
+
+def test_a_region_of_integers_alone_is_drawn_fresh():
+    """With no float input to vary, held integers would make every set the same call."""
+    idx = torch.tensor([3, 1, 2, 0, 5])
+    task = task_of(lambda i: (i * 3 + 1) % 7, (idx,), backend="cpu")
+    stats = verify._captured_stats(task, [{"inputs": [idx], "stats": None}])
+    assert not isinstance(stats[0], verify.RealValues)
+
+
+def test_every_language_of_a_region_reads_the_same_captured_calls(tmp_path):
+    """An `auto` run on a GPU routes Triton seeds and candidates (and the baselines) to Triton
+    workers as the task in that language: they must be checked on the real calls too, not on
+    draws from no statistics."""
+    x = torch.randn(64, 128)
+    traced = trace_model(_loaded(x), max_calls=3)
+    rec = next(iter(traced.records.values()))
+    cuda = rec.task.with_backend("cuda")
+    save_captures(tmp_path, [cuda], traced)
+    triton = cuda.with_backend("triton")
+    assert triton.task_id != cuda.task_id and triton.capture_id == cuda.capture_id
+    for t in (cuda, triton):
+        (call,) = load_calls(tmp_path, t.capture_id)
+        assert torch.equal(call["inputs"][0], x)
+    assert rec.task.capture_id == rec.task.task_id  # a CPU run's layout is unchanged

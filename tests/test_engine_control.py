@@ -216,6 +216,52 @@ def test_a_mistyped_model_leaves_no_run_dir_behind(tmp_path):
     assert given.is_dir() and list(given.iterdir()) == []
 
 
+class FirstBaselineFails(ScriptedEvaluator):
+    """The first region's reference cannot run in the worker (a device-side assert, say)."""
+
+    def __init__(self):
+        super().__init__()
+        self.baselines: list[str] = []
+
+    async def baseline(self, task_json, run_dir, with_compile=False):
+        from kforge_tui.errors import WorkFailed
+
+        self.baselines.append(task_json["task_id"])
+        if len(self.baselines) == 1:
+            raise WorkFailed(f"baseline of {task_json['task_id']} failed: CUDA error: device-side assert triggered")
+        return await super().baseline(task_json, run_dir, with_compile)
+
+
+def test_a_region_whose_baseline_fails_is_listed_failed_and_the_others_are_searched(tmp_path):
+    from kforge_tui.errors import WorkFailed
+
+    model = tmp_path / "two_regions.py"
+    model.write_text("import torch\n\n\nclass Model(torch.nn.Module):\n"
+                     "    def forward(self, x, y):\n        return torch.softmax(x, dim=-1), torch.layer_norm(y, (512,))\n\n\n"
+                     "def get_inputs():\n    return [torch.randn(64, 4096), torch.randn(256, 512)]\n\n\n"
+                     "def get_init_inputs():\n    return []\n")
+    run = tmp_path / "run"
+    ev_ = FirstBaselineFails()
+    seen: list = []
+    summary = asyncio.run(Engine(OptimizeSettings(model=str(model), device="cpu", top=2, parallel=1, budget=2,
+                                                  run_dir=str(run), end_to_end=False),
+                                 seen.append, evaluator=ev_, proposer=ScriptedProposer()).run())
+    assert len(ev_.baselines) == 2
+    bad, good = ev_.baselines
+    with RunStore.open(run) as s:
+        status = {t["task_id"]: t["status"] for t in s.tasks()}
+        budgets = {t["task_id"]: t["budget"] for t in s.tasks()}
+    assert status[bad] == "failed" and status[good] == "done"
+    assert budgets[good] == 4  # the failed region's budget was passed on
+    said = [e for e in seen if isinstance(e, ev.TaskStatus) and e.task_id == bad]
+    assert said and "device-side assert" in said[-1].detail
+    assert summary is not None
+    # every region failing is the run failing, with the first reason
+    one = tmp_path / "one"
+    with pytest.raises(WorkFailed, match="no region could be timed: baseline of .* device-side assert"):
+        asyncio.run(Engine(settings(one, budget=1), evaluator=FirstBaselineFails(), proposer=ScriptedProposer()).run())
+
+
 def test_the_engine_on_its_own_thread_obeys_and_stops(prepared, tmp_path):
     """What the TUI does: the engine on its own thread and loop, commands from this thread."""
     box: dict = {}

@@ -337,3 +337,40 @@ async def test_gpu_triton_throughput(tmp_path):
         per_min = 24 / (time.perf_counter() - t0) * 60
     print(f"\n{per_min:.0f} candidates/min, median latency {statistics.median(lat):.2f} s")
     assert per_min >= 120 and statistics.median(lat) <= 3.0
+
+
+async def test_a_baseline_whose_first_prepare_fails_is_tried_again_without_the_seed(tmp_path, monkeypatch):
+    """Inductor's seed (its kernels run apart from their wrapper) is the riskiest part of a Triton
+    baseline: a first prepare that fails (as a seed's device-side assert would, H100 2026-12-05,
+    qwen_moe's grouped_mm) costs the region its seed, on a fresh worker, not its search."""
+    from kforge_tui.errors import WorkFailed
+    from kforge_tui.sandbox import pool as pool_mod
+
+    real, sent = pool_mod._Worker.request, []
+
+    async def first_prepare_fails(self, payload, timeout, on_event=None):
+        if payload.get("cmd") == "prepare":
+            sent.append(dict(payload))
+            if len(sent) == 1:
+                return {"ok": False, "error": "AcceleratorError: CUDA error: device-side assert triggered"}
+        return await real(self, payload, timeout, on_event)
+
+    monkeypatch.setattr(pool_mod._Worker, "request", first_prepare_fails)
+    task = task_of(lambda x: torch.softmax(x, -1), (torch.randn(8, 64),), backend="triton")
+    async with EvaluatorPool("triton", cache_dir=tmp_path / "c", timing=TIMING, device="cpu") as p:
+        restarts = p.stats["restarts"]
+        b = await p.baseline(task.to_json(), str(tmp_path), with_compile=True)
+        assert b.eager.median_us > 0
+        assert [s["no_seed"] for s in sent] == [None, "AcceleratorError: CUDA error: device-side assert triggered"]
+        assert p.stats["restarts"] > restarts  # the second try ran on a fresh worker
+        sent.clear()  # a failure that is not the seed's: the same error twice, then the reason
+        monkeypatch.setattr(pool_mod._Worker, "request", lambda self, payload, timeout, on_event=None:
+                            _failed(sent, payload))
+        with pytest.raises(WorkFailed, match="baseline of .* failed: the reference raised"):
+            await p.baseline(task.to_json(), str(tmp_path / "other"), with_compile=True)
+        assert len(sent) == 2
+
+
+async def _failed(sent, payload):
+    sent.append(payload)
+    return {"ok": False, "error": "the reference raised"}

@@ -25,7 +25,7 @@ import ray
 from kforge_tui.config import cache_dir, private_dir
 from kforge_tui.regions.task import Task
 
-_CALL_FILE = re.compile(r"^call_\d+\.pt$")
+_CALL_FILE = re.compile(r"^(call_\d+\.pt|summarised\.json)$")
 
 
 def _compile_cache() -> Path:
@@ -123,7 +123,7 @@ class EvalActor:
     async def _captures(self, task_json: dict, captures: list) -> None:
         """Write the task's captured calls into this node's run directory, once per task.
         `captures` is [ObjectRef] (nested, so Ray sends the tensors only when asked) or []."""
-        cid = Task.from_json(task_json).task_id
+        cid = Task.from_json(task_json).capture_id
         if cid in self.captured:
             return
         files = (await captures[0]) if captures else {}

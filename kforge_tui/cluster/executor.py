@@ -468,11 +468,13 @@ class RayEvaluator:
 
     def _captures(self, tj: dict, run_dir: str) -> list:
         """[ObjectRef] of the task's captured calls (put once per task), or [] when none."""
-        cid = Task.from_json(tj).task_id
+        cid = Task.from_json(tj).capture_id
         key = (str(run_dir), cid)
         if key not in self._captured:
             d = Path(run_dir) / "captures" / cid
             files = {p.name: p.read_bytes() for p in sorted(d.glob("call_*.pt"))} if d.is_dir() else {}
+            if (d / "summarised.json").is_file():  # calls over the cap: their statistics and held values
+                files["summarised.json"] = (d / "summarised.json").read_bytes()
             self._captured[key] = [_ray().put(files)] if files else []
         return self._captured[key]
 

@@ -155,6 +155,13 @@ class Task:
     def with_backend(self, backend: str) -> "Task":
         return replace(self, backend=backend)
 
+    @property
+    def capture_id(self) -> str:
+        """Where the region's captured calls live (RUN_DIR/captures/<capture_id>): one place per
+        region and device, whatever language a candidate is in, so that a Triton candidate (or
+        baseline) of a CUDA run is checked on the same real calls as a CUDA one."""
+        return self.with_backend("cuda").task_id if self.backend in ("cuda", "triton") else self.task_id
+
 
 # ---------------------------------------------------------------- captured calls on disk
 

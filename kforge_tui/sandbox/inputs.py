@@ -114,7 +114,7 @@ def generator(device, seed: int) -> torch.Generator:
 def _stats_of(d) -> TensorStats | None:
     if d is None:
         return None
-    if isinstance(d, TensorStats):
+    if isinstance(d, (TensorStats, RealValues)):
         return d
     try:
         return TensorStats(**d)
@@ -123,6 +123,34 @@ def _stats_of(d) -> TensorStats | None:
 
 
 DEFAULT_X = TensorStats(0.0, 1.0, -6.0, 6.0)
+
+
+@dataclass(frozen=True)
+class RealValues:
+    """An integer or bool input held at a real call's values, in place of its statistics.
+
+    Such inputs carry structure a uniform draw in [min, max] breaks: sorted, 16-aligned group
+    offsets (grouped_mm), permutations, causal masks. An invalid one is at best a wrong
+    reference and at worst a device-side assert that ends the worker's CUDA context. Fresh
+    sets vary the float inputs and keep these (only in regions that have float inputs: a
+    region of integers alone is drawn fresh, or every set would be the same call)."""
+
+    values: torch.Tensor  # on the host
+    stats: TensorStats | None = None
+
+
+def holds_structure(meta: TensorMeta) -> bool:
+    return meta.present and meta.dtype not in FLOAT_DTYPES
+
+
+def held(task, i: int, value, stats: TensorStats | None):
+    """stats[i] for input i: RealValues when input i is integer/bool, a real value is known and
+    the region has float inputs to vary; else the statistics."""
+    m = task.inputs[i]
+    if (isinstance(value, torch.Tensor) and holds_structure(m) and value.numel() == m.numel
+            and any(x.present and x.dtype in FLOAT_DTYPES for x in task.inputs)):
+        return RealValues(value.detach().to("cpu").reshape(tuple(m.shape)), stats)
+    return stats
 
 
 def _int_range(meta: TensorMeta, st: TensorStats | None) -> tuple[int, int]:
@@ -142,6 +170,8 @@ def draw(meta: TensorMeta, stats: TensorStats | None, gen: torch.Generator, devi
     Contiguous, of the meta's shape and dtype, drawn on `device`."""
     dt = torch_dtype(meta.dtype)
     shape = tuple(meta.shape)
+    if isinstance(stats, RealValues):
+        return stats.values.to(device=device, dtype=dt).reshape(shape).clone()
     if meta.dtype == "bool":
         return torch.randint(0, 2, shape, generator=gen, device=device, dtype=torch.uint8).bool()
     if meta.dtype not in FLOAT_DTYPES:
@@ -159,6 +189,9 @@ def draw_into(t: torch.Tensor, meta: TensorMeta, stats: TensorStats | None, gen:
     """`draw` written straight into t (any strides), with no temporary of t's size (a region of
     many GiB has no room for one)."""
     if t.numel() == 0:
+        return
+    if isinstance(stats, RealValues):
+        t.copy_(stats.values.to(device=t.device, dtype=t.dtype).reshape(t.shape))
         return
     if meta.dtype == "bool":
         t.copy_(torch.randint(0, 2, t.shape, generator=gen, device=t.device, dtype=torch.uint8).bool()
@@ -645,7 +678,14 @@ def summarised_stats(task, run_dir, task_id: str) -> list | None:
     except (OSError, ValueError, IndexError, KeyError, TypeError):
         return None
     st = list(first.get("stats") or [])
-    return [(_stats_of(st[i]) if i < len(st) else None) for i in range(len(task.inputs))]
+    vals = list(first.get("values") or [])
+    out = []
+    for i, m in enumerate(task.inputs):
+        v = vals[i] if i < len(vals) else None
+        if v is not None and holds_structure(m):
+            v = torch.tensor(v, dtype=torch_dtype(m.dtype))
+        out.append(held(task, i, v, _stats_of(st[i]) if i < len(st) else None))
+    return out
 
 
 def _captured_stats(task, calls: list[dict]) -> list:
@@ -659,7 +699,8 @@ def _captured_stats(task, calls: list[dict]) -> list:
             v = _captured_inputs(task, calls[0])[i]
             if isinstance(v, torch.Tensor) and v.numel():
                 out[i] = TensorStats.of(v)
-    return out
+    real = _captured_inputs(task, calls[0])
+    return [held(task, i, real[i], s) for i, s in enumerate(out)]
 
 
 def build_sets(task, calls: list[dict], n_random: int, device, seed: int,
@@ -730,6 +771,8 @@ def build_sets(task, calls: list[dict], n_random: int, device, seed: int,
                           f"real calls' value statistics" if summarised else
             f"no captured calls: {n_random} random draws (floats N(0,1) clipped to [-6, 6], "
             f"integers 0..1, bool random)")
+    if n_random and any(isinstance(x, RealValues) for x in stats):
+        note += "; integer inputs held at a real call's values (offsets and indices keep their structure)"
     if dropped:
         note += "; " + "; ".join(dropped)
     return sets, note, arena
@@ -763,8 +806,8 @@ def edge_kinds(task) -> list[str]:
 
 def edge_into(kind: str, task, targets: list, stats: list, gen: torch.Generator) -> None:
     """Write one edge case into the input tensors `targets` (None for absent), in place. Only
-    floating inputs get the edge values; integer and bool inputs are drawn as usual (indices
-    must stay valid)."""
+    floating inputs get the edge values; integer and bool inputs are drawn as usual (held at a
+    real call's values where known: indices and offsets must stay valid)."""
     present = [(t, m) for t, m in zip(targets, task.inputs) if t is not None and m.present]
     main = max((m for _, m in present if m.dtype in FLOAT_DTYPES), key=lambda m: m.numel, default=None)
     for t, m, st in zip(targets, task.inputs, stats):

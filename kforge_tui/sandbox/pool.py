@@ -419,23 +419,36 @@ class EvaluatorPool:
         await self.start()
         assert self._idle is not None
         w = await self._take_worker()
+        tid = Task.from_json(tj).task_id
+        no_seed = None  # why Inductor's seed was given up, on the second try
         try:
-            if w.proc is None or w.proc.returncode is not None:
+            while True:
+                if w.proc is None or w.proc.returncode is not None:
+                    await self._restart(w)
+                try:
+                    rep = await w.request({"cmd": "prepare", "task": tj, "run_dir": run_dir,
+                                           "cache_dir": str(self.cache_dir), "timing": self.timing,
+                                           "with_compile": with_compile, "memory": self.memory,
+                                           "seed": self.backend == "triton", "no_seed": no_seed,
+                                           "capture_id": Task.from_json(task_json).capture_id},
+                                          self.prepare_timeout_s)
+                except (asyncio.TimeoutError, WorkerDied) as e:
+                    await self._restart(w)
+                    rep = {"ok": False, "error": str(e) or "timeout"}
+                if rep.get("ok"):
+                    break
+                # a failure on the device may have left the worker's CUDA context unusable (a
+                # device-side assert is sticky): the next attempt or task gets a fresh worker
                 await self._restart(w)
-            try:
-                rep = await w.request({"cmd": "prepare", "task": tj, "run_dir": run_dir,
-                                       "cache_dir": str(self.cache_dir), "timing": self.timing,
-                                       "with_compile": with_compile, "memory": self.memory,
-                                       "seed": self.backend == "triton",
-                                       "capture_id": Task.from_json(task_json).task_id}, self.prepare_timeout_s)
-            except (asyncio.TimeoutError, WorkerDied) as e:
-                await self._restart(w)
-                raise WorkFailed(f"baseline of {Task.from_json(tj).task_id} failed: "
-                                 f"{e or 'timeout'}") from None
-            if not rep.get("ok"):
+                if self.backend == "triton" and no_seed is None and not rep.get("infra"):
+                    # running Inductor's kernels apart from its wrapper (the seed) is the riskiest
+                    # part of a Triton baseline: try once more with torch.compile's whole call,
+                    # so the region is still searched (without a seed) rather than lost
+                    no_seed = str(rep.get("error"))[:200]
+                    continue
                 what = " (out of memory: an infrastructure limit, not the task)" if rep.get("infra") else ""
-                raise WorkFailed(f"baseline of {Task.from_json(tj).task_id} failed{what}: {rep.get('error')}")
-            w.prepared.add(Task.from_json(tj).task_id)
+                raise WorkFailed(f"baseline of {tid} failed{what}: {rep.get('error')}")
+            w.prepared.add(tid)
         finally:
             self._give_back(w)
         b = rep["baseline"]
@@ -495,7 +508,7 @@ class EvaluatorPool:
 
         rep, failure, w, queued = await self._run_on_worker(
             tj, run_dir, {"cmd": "evaluate", **code}, self.eval_timeout_s, on_event,
-            capture_id=Task.from_json(task_json).task_id)
+            capture_id=Task.from_json(task_json).capture_id)
         stage_s["queue"] = queued
         if w is not None:
             base["worker"] = f"local/{self.device_kind}{w.device}"

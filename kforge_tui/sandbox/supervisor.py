@@ -275,6 +275,11 @@ class Worker(RemoteTiming):
             st = self._state(task, req)
             seeded = self.lang == "triton" and self.backend.name == "cuda"
             want_seed = seeded and (req.get("with_compile") or req.get("seed")) and "seed_note" not in st.baseline
+            if want_seed and req.get("no_seed"):  # the pool's second try: the seed failed the first
+                st.baseline["seed"] = None
+                st.baseline["seed_note"] = f"no Inductor seed: running its kernels failed ({req['no_seed']})"
+                self._add_note(st, st.baseline["seed_note"])
+                want_seed = False
             if want_seed:
                 # torch.compile of the region *is* Inductor's Triton code: one compile gives the
                 # compile baseline and the seed, so the seed is the kernel the baseline measured
@@ -284,7 +289,7 @@ class Worker(RemoteTiming):
                 st.baseline["seed"] = seed
                 st.baseline["seed_note"] = note
                 self._add_note(st, note)
-            elif req.get("with_compile") and st.baseline.get("compiled") is None:
+            if not want_seed and req.get("with_compile") and st.baseline.get("compiled") is None:
                 st.baseline["compiled"], note = self._time_compiled(st, req.get("timing"))
                 if note:
                     st.baseline["floor_note"] = (st.baseline.get("floor_note", "") + "; " + note).strip("; ")
@@ -422,7 +427,7 @@ class Worker(RemoteTiming):
 
         torch = self.torch
 
-        cap_id = req.get("capture_id") or tid
+        cap_id = req.get("capture_id") or task.capture_id
         calls = load_calls(req["run_dir"], cap_id) if req.get("run_dir") else []
         budget = Budget(req.get("memory"))
         while len(self.tasks) >= self.MAX_TASKS:

@@ -50,7 +50,7 @@ from kforge_tui.regions.meta import FLOAT_DTYPES, TensorMeta
 from kforge_tui.sandbox.inputs import *  # noqa: F401,F403
 from kforge_tui.sandbox.inputs import (EDGE_TEXT, ArenaWatch, InputSet, _captured_inputs,  # noqa: F401
                                        _equal_words,
-                                       _captured_stats, checksum, draw, draw_into, edge_into,
+                                       RealValues, _captured_stats, checksum, draw, draw_into, edge_into,
                                        edge_kinds, fill_bytes, fill_random, generator, place,
                                        poison_scale, relocate, scrub)
 from kforge_tui.sandbox.judge import *  # noqa: F401,F403
@@ -374,7 +374,10 @@ class Verifier:
     def replay_few(self, when: str) -> Mismatch | None:
         """A few elements changed in place: a replay keyed on sampled elements fails."""
         s = self._random_set()
-        cand = [i for i, (g, m) in enumerate(zip(s.inputs, self.task.inputs)) if g is not None and m.numel]
+        # inputs held at real values (offsets, indices) keep them: a changed offset is no test of
+        # the kernel, it is an invalid call
+        cand = [i for i, (g, m) in enumerate(zip(s.inputs, self.task.inputs))
+                if g is not None and m.numel and not isinstance(self.stats[i], RealValues)]
         if not cand:
             return None
         i = max(cand, key=lambda i: self.task.inputs[i].numel) if self.rng.random() < 0.7 else self.rng.choice(cand)

@@ -203,8 +203,23 @@ class _Runner:
                 r.over = max(r.over, cost_in)
                 r.summarised.append({"stats": [TensorStats.of(t).__dict__ for t in ins],
                                      "sha1": [_digest(t) if _nbytes(t) <= rec.max_bytes else None
-                                              for t in ins]})
+                                              for t in ins],
+                                     "values": [_held_values(t) for t in ins]})
         return out
+
+
+# integer inputs up to this many elements keep their values when a call is summarised (over the
+# capture cap): offsets and index lists are small next to the activations that were over it
+HELD_MAX_NUMEL = 1 << 20
+
+
+def _held_values(t):
+    """A small integer/bool input's real values (offsets, indices): random sets keep them, since a
+    uniform draw breaks their structure (sandbox/inputs.py RealValues)."""
+    if (isinstance(t, torch.Tensor) and not t.is_floating_point() and not t.is_complex()
+            and t.numel() <= HELD_MAX_NUMEL):
+        return t.detach().to("cpu").reshape(-1).tolist()
+    return None
 
 
 def trace_model(loaded, backend: str = "cpu", *, max_calls: int = 3,
@@ -339,15 +354,15 @@ def _over_cap_note(r: TaskRecord, cap: int) -> str:
 
 
 def save_captures(run_dir, tasks: list[Task], traced: Traced) -> dict[str, str]:
-    """Write the kept calls of `tasks` under RUN_DIR/captures/<task_id>/; returns a note per task
-    (what was kept, what was summarised) for the run log."""
+    """Write the kept calls of `tasks` under RUN_DIR/captures/<capture_id>/; returns a note per
+    task id (what was kept, what was summarised) for the run log."""
     notes = {}
     by_region = {r.task.with_backend("cpu").site_key: r for r in traced.records.values()}
     for task in tasks:  # a region searched in another kernel language has the same calls
         r = traced.record_of(task) or by_region.get(task.with_backend("cpu").site_key)
         if r is None:
             continue
-        d = capture_dir(run_dir, task.task_id)
+        d = capture_dir(run_dir, task.capture_id)
         Path(d).mkdir(parents=True, exist_ok=True, mode=0o700)
         for stale in Path(d).glob("call_*.pt"):
             stale.unlink()
