@@ -89,6 +89,12 @@ def test_the_bench_table_calls_a_row_slower_only_when_both_clocks_say_so():
             {"model": "d", "inductor_mode": "default", "vs_compile": None}]
     note = _runs.never_slower(rows)
     assert "2 of 3 rows" in note and "c (reduce-overhead: 0.900" in note and "b (" not in note, note
+    # a row that kept nothing timed torch.compile's forward twice: never slower, its gap is noise
+    same = rows + [{"model": "e", "inductor_mode": "default", "vs_compile": 0.96, "db_vs_compile": 0.95,
+                    "same_forward": True}]
+    note = _runs.never_slower(same)
+    assert "3 of 4 rows" in note and " e (" not in note and "1 of them kept no kernel" in note, note
+    assert "5.0% apart" in note, note
     assert _runs._agreement({"ratios": {"eager": 1.01, "kforge": 0.93}, "agrees": False}) == "0.930 OFF"
     assert _runs._agreement({"ratios": {"kforge": 1.09}, "off": 1.004, "agrees": True}) == "1.004 ok"
 

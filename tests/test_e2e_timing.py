@@ -51,6 +51,37 @@ def test_throughput_blocks_pair_the_rounds():
     assert v.faster and v.wins == 6 and 1.5 < v.ratio < 2.5, v
 
 
+class _AfterEager(nn.Module):
+    """A forward that is slower right after `eager` ran (as a compiled forward is when eager has
+    just churned the allocator and the host caches)."""
+
+    last = None
+
+    def __init__(self, name, base_ms, penalty_ms=0.0):
+        super().__init__()
+        self.name, self.base_ms, self.penalty_ms = name, base_ms, penalty_ms
+
+    def forward(self, x):
+        extra = self.penalty_ms if _AfterEager.last == "eager" and self.name != "eager" else 0.0
+        _AfterEager.last = self.name
+        time.sleep((self.base_ms + extra) / 1e3)
+        return x
+
+
+def test_the_compared_pair_pays_for_what_ran_before_it_alike():
+    """compile and kforge are the same forward; whichever follows eager pays 4 ms more. On both
+    clocks each of the pair follows eager in half the rounds, so the pair reads equal (in a fixed
+    order compile alone paid: 1.4x for nothing)."""
+    fns = {n: _AfterEager(n, 10.0 if n != "eager" else 2.0, 4.0) for n in ("eager", "compile", "kforge")}
+    thr = measure.throughput(fns, (None,), "cpu", rounds=8, block=1, warmup=0)
+    lat = measure.latency(fns, (None,), "cpu", iters=8, warmup=0, max_rounds=1)
+    for s in (thr, lat):
+        slow = sum(1 for t in s.times["compile"] if t > 12.0)
+        assert slow == sum(1 for t in s.times["kforge"] if t > 12.0) == 4, s.times
+        pair = [sorted(s.times[k]) for k in ("compile", "kforge")]
+        assert abs(sum(pair[0]) / sum(pair[1]) - 1.0) < 0.1, s.times
+
+
 def _samples(a, b):
     return measure.Samples("throughput", {"current": a, "trial": b}, {"current": a, "trial": b})
 

@@ -199,6 +199,7 @@ def test_end_to_end_report_compares_eager_compile_and_kforge(chain_run):
     (trial,) = rep["decision"]["trials"]
     assert trial["calls"] == 1 and trial["gain"] is not None
     assert trial["kept"] == bool(rep["kernels_used"]) and trial["why"]
+    assert rep["same_forward"] == (not trial["kept"])  # kept: kforge's own compiled forward
     if not trial["kept"]:  # slower on its trial, or kept there and not confirmed (decide.confirm)
         why = rep["skipped"][trial["task_id"]]
         assert "no faster in the model" in why or "not confirmed" in why, why
@@ -539,5 +540,5 @@ def test_a_kept_set_the_confirmation_does_not_bear_out_does_not_go_in(tmp_path, 
     trials = {t["task_id"]: t for t in rep["decision"]["trials"]}
     assert len(asked) == 1 and asked[0][0] is model  # eager mode: the baseline is the model itself
     assert not trials[first.task_id]["kept"] and "not confirmed" in trials[first.task_id]["why"], trials
-    assert rep["decision"]["kept"] == [] and rep["kernels_used"] == {} and rep["kernels"] == []
+    assert rep["decision"]["kept"] == [] and rep["kernels_used"] == {} and rep["kernels"] == [] and rep["same_forward"]
     assert rep["decision"]["confirmed"] == 1.0

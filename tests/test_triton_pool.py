@@ -13,6 +13,7 @@ with eager is what is tested. The GPU tests (`-m gpu`) run the real CUDA path.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import re
@@ -369,6 +370,18 @@ async def test_a_baseline_whose_first_prepare_fails_is_tried_again_without_the_s
         with pytest.raises(WorkFailed, match="baseline of .* failed: the reference raised"):
             await p.baseline(task.to_json(), str(tmp_path / "other"), with_compile=True)
         assert len(sent) == 2
+        sent.clear()  # a hang is not the seed's either: one try, one restart, then the reason
+        restarts = p.stats["restarts"]
+        monkeypatch.setattr(pool_mod._Worker, "request", lambda self, payload, timeout, on_event=None:
+                            _hangs(sent, payload))
+        with pytest.raises(WorkFailed, match="baseline of .* failed: timeout"):
+            await p.baseline(task.to_json(), str(tmp_path / "third"), with_compile=True)
+        assert len(sent) == 1 and p.stats["restarts"] == restarts + 1
+
+
+async def _hangs(sent, payload):
+    sent.append(payload)
+    raise asyncio.TimeoutError
 
 
 async def _failed(sent, payload):

@@ -125,6 +125,8 @@ def check_end_to_end(loaded, run_dir, *, fresh_inputs: int = 1, min_speedup: flo
                   eager_spread=spreads["eager"], compile_spread=spreads.get("compile"),
                   patched_spread=spreads["kforge"], noisy=max(spreads.values()) > NOISY_SPREAD,
                   kernels=kernels, kernels_used={k: n for k, n in calls.items() if n},
+                  # nothing kept: kforge's forward is torch.compile's own callable, timed twice
+                  same_forward=kforge is fns.get("compile", fns["eager"]),
                   fallbacks=fallbacks, inputs_checked=len(sets), iters=len(clock.times["eager"]),
                   clock=clock.clock,
                   latency={k: _ms(lat, k) for k in fns}, throughput={k: _ms(thr, k) for k in fns},

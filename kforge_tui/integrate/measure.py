@@ -70,6 +70,18 @@ def _noisy(s: Samples) -> bool:
     return max(spread(v) for v in s.times.values()) > NOISY_SPREAD
 
 
+def _turn(fns: dict, r: int) -> list:
+    """The fns in round r's order: the compared pair (the last two: compile and kforge, current
+    and trial) swap places on odd rounds, so each follows the same forwards as often. Whatever
+    runs right after a switch pays for it (cold host caches, another graph's allocator pools):
+    in a fixed order that cost fell on one side alone, and a forward timed against itself read
+    1.07x on the throughput clock (gemma, H100 2026-12-05; do_bench 1.00x)."""
+    items = list(fns.items())
+    if r % 2 and len(items) >= 2:
+        items[-2], items[-1] = items[-1], items[-2]
+    return items
+
+
 def latency(fns: dict, inputs, device_type: str, *, iters: int = 20, warmup: int = 3,
             max_rounds: int = NOISY_ROUNDS) -> Samples:
     """Wall time of one synchronised forward of each fn, alternated one by one; more rounds of
@@ -82,7 +94,7 @@ def latency(fns: dict, inputs, device_type: str, *, iters: int = 20, warmup: int
             if rnd and not _noisy(out):
                 break
             for i in range((0 if rnd else warmup) + iters):
-                for name, fn in fns.items():
+                for name, fn in _turn(fns, i):
                     _sync(device_type)
                     t0 = time.perf_counter()
                     _call(fn, inputs)
@@ -128,7 +140,7 @@ def throughput(fns: dict, inputs, device_type: str, *, rounds: int = 12, block: 
         for r in range(warmup + rounds * max_rounds):
             if r >= warmup + rounds and (r - warmup) % rounds == 0 and not _noisy(out):
                 break
-            for name, fn in fns.items():
+            for name, fn in _turn(fns, r):
                 _sync(device_type)
                 if device_type == "cuda":
                     ev = [torch.cuda.Event(enable_timing=True) for _ in range(block + 1)]

@@ -693,13 +693,13 @@ def _captured_stats(task, calls: list[dict]) -> list:
         return [None] * len(task.inputs)
     st = list(calls[0].get("stats") or [])
     out = [(_stats_of(st[i]) if i < len(st) else None) for i in range(len(task.inputs))]
+    real = _captured_inputs(task, calls[0])
     # stats missing but a tensor present: derive them
     for i, (m, s) in enumerate(zip(task.inputs, out)):
         if s is None and m.present:
-            v = _captured_inputs(task, calls[0])[i]
+            v = real[i]
             if isinstance(v, torch.Tensor) and v.numel():
                 out[i] = TensorStats.of(v)
-    real = _captured_inputs(task, calls[0])
     return [held(task, i, real[i], s) for i, s in enumerate(out)]
 
 

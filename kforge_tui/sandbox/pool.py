@@ -433,14 +433,15 @@ class EvaluatorPool:
                                            "capture_id": Task.from_json(task_json).capture_id},
                                           self.prepare_timeout_s)
                 except (asyncio.TimeoutError, WorkerDied) as e:
-                    await self._restart(w)
-                    rep = {"ok": False, "error": str(e) or "timeout"}
+                    # a hang or a crash: not something a second try without the seed would mend
+                    rep = {"ok": False, "error": str(e) or "timeout", "final": True}
                 if rep.get("ok"):
                     break
                 # a failure on the device may have left the worker's CUDA context unusable (a
                 # device-side assert is sticky): the next attempt or task gets a fresh worker
                 await self._restart(w)
-                if self.backend == "triton" and no_seed is None and not rep.get("infra"):
+                if (self.backend == "triton" and no_seed is None and not rep.get("infra")
+                        and not rep.get("final")):
                     # running Inductor's kernels apart from its wrapper (the seed) is the riskiest
                     # part of a Triton baseline: try once more with torch.compile's whole call,
                     # so the region is still searched (without a seed) rather than lost
