@@ -200,3 +200,18 @@ def test_a_conv_region_with_its_epilogue_is_not_claimed_by_a_triton_search():
     assert BuiltinProposer().serves(bare.with_backend("cuda"), ["triton", "cuda"])  # the conv designs
     (chain,) = [t for t in tasks_of(lambda x: torch.relu(bn(x)) * 2, (torch.randn(2, 8, 8, 8),))]
     assert unseedable(chain.with_backend("cuda")) is None
+
+
+def test_a_grouped_mm_region_is_not_claimed_by_a_triton_search():
+    """Inductor keeps `extern_kernels._grouped_mm`'s result (qwen_moe's expert GEMMs, H100): no
+    seed can be written, no design fits, so selection gives the slot to the next region instead
+    of a search that ends with 0 candidates."""
+    from kforge_tui.search.proposers.builtin import BuiltinProposer
+    from kforge_tui.search.seed_rewrite import unseedable
+
+    x, w = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(4, 32, 16, dtype=torch.bfloat16)
+    offs = torch.tensor([16, 32, 48, 64], dtype=torch.int32)
+    (t,) = tasks_of(lambda x, w, offs: torch.nn.functional.grouped_mm(x, w, offs=offs), (x, w, offs))
+    t = t.with_backend("cuda")
+    assert "grouped GEMM" in (unseedable(t) or "")
+    assert not BuiltinProposer().serves(t, ["triton", "cuda"])

@@ -425,6 +425,7 @@ class EvaluatorPool:
             while True:
                 if w.proc is None or w.proc.returncode is not None:
                     await self._restart(w)
+                hung = False
                 try:
                     rep = await w.request({"cmd": "prepare", "task": tj, "run_dir": run_dir,
                                            "cache_dir": str(self.cache_dir), "timing": self.timing,
@@ -434,14 +435,14 @@ class EvaluatorPool:
                                           self.prepare_timeout_s)
                 except (asyncio.TimeoutError, WorkerDied) as e:
                     # a hang or a crash: not something a second try without the seed would mend
-                    rep = {"ok": False, "error": str(e) or "timeout", "final": True}
+                    rep, hung = {"ok": False, "error": str(e) or "timeout"}, True
                 if rep.get("ok"):
                     break
                 # a failure on the device may have left the worker's CUDA context unusable (a
                 # device-side assert is sticky): the next attempt or task gets a fresh worker
                 await self._restart(w)
                 if (self.backend == "triton" and no_seed is None and not rep.get("infra")
-                        and not rep.get("final")):
+                        and not hung):
                     # running Inductor's kernels apart from its wrapper (the seed) is the riskiest
                     # part of a Triton baseline: try once more with torch.compile's whole call,
                     # so the region is still searched (without a seed) rather than lost

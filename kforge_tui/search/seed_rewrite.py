@@ -286,8 +286,10 @@ FALLBACK_OUT = {"topk": 2, "sort": 2}
 
 
 # Library calls Inductor makes that return a new tensor it keeps (not into a buffer): no seed
-# can be written for a region holding one, whatever Inductor's kernels around it are.
-KEPT_RESULT_CALLS = {"aten.convolution.default": "convolution (cuDNN)"}
+# can be written for a region holding one, whatever Inductor's kernels around it are (qwen_moe's
+# expert GEMMs: `extern_kernels._grouped_mm`, seen on the H100 on 2026-12-05).
+KEPT_RESULT_CALLS = {"aten.convolution.default": "convolution (cuDNN)",
+                     "aten._grouped_mm.default": "grouped GEMM (_grouped_mm)"}
 
 
 def unseedable(task: Task) -> str | None:
