@@ -16,7 +16,9 @@ baselines: once per task and worker), runner (waiting for a started runner), loa
 spares (stopping spare runners still starting, and reaping used ones, before the timing loop),
 time, baselines (eager and torch.compile timed next to the candidate), other (the worker's time
 outside those: setting up the checks, ending the runner), channel (the request's way to the
-worker and back); Triton: jit (its compile, inside load).
+worker and back); Triton: compile_ahead (its kernels compiled before it queues for the worker,
+sandbox/triton_precompile.py) and jit (the first call inside load: a cache load after a compile
+ahead, else the whole compile).
 The compile cache is a fresh temp directory, so every compile is real; --warm-compile compiles
 every candidate once first, so the figure is the evaluation path alone (what the sandbox
 runtime costs). --in-flight K submits K candidates at a time (a search with K expansions in
@@ -43,7 +45,7 @@ import torch  # noqa: E402
 from kforge_tui.regions.build import task_of  # noqa: E402
 from kforge_tui.sandbox.pool import EvaluatorPool  # noqa: E402
 
-STAGES = ("queue", "static", "compile", "binary_check", "prepare", "runner", "load", "jit", "verify",
+STAGES = ("queue", "static", "compile", "compile_ahead", "binary_check", "prepare", "runner", "load", "jit", "verify",
           "spares", "time", "baselines", "other", "channel")
 WORKER_STAGES = ("prepare", "runner", "load", "verify", "spares", "time", "baselines", "other", "channel")
 

@@ -233,7 +233,9 @@ def format_end_to_end(r: dict) -> str:
         clocks.append(f"do_bench {db['compile']:.3f} → {db['kforge']:.3f} ms ({db['compile'] / db['kforge']:.2f}×)")
     if clocks:
         lines.append("  torch.compile → kforge: " + "; ".join(clocks)
-                     + (f" (decided on {r['clock']})" if r.get("clock") else ""))
+                     + (f" (decided on {r['clock']}" + (", and not slower with cold caches" if any(
+                         t.get("cold_gain") for t in (r.get("decision") or {}).get("trials", [])) else "") + ")"
+                        if r.get("clock") else ""))
     agree = r.get("clock_agreement")
     if agree:
         names = {"eager": "eager", "compile": "torch.compile", "kforge": "kforge"}

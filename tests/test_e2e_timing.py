@@ -183,6 +183,10 @@ def test_the_checks_result_is_checked_against_do_bench_of_the_same_forwards():
     text = format_end_to_end(dict(r, clock_agreement=far))
     assert "1.25× on triton's do_bench" in text and "DISAGREE by 16%" in text, text
     assert "do_bench, each forward" not in format_end_to_end(r)  # nothing said without do_bench
+    clocks = dict(r, throughput={"compile": {"median_ms": 2.0}, "kforge": {"median_ms": 1.9}})
+    assert "(decided on throughput)" in format_end_to_end(clocks)
+    cold = dict(clocks, decision={"trials": [{"task_id": "t", "kept": True, "cold_gain": 1.03, "why": "w"}]})
+    assert "(decided on throughput, and not slower with cold caches)" in format_end_to_end(cold)
 
 
 def test_the_confirmation_keeps_a_real_gain_and_not_an_equal_forward():
@@ -191,3 +195,54 @@ def test_the_confirmation_keeps_a_real_gain_and_not_an_equal_forward():
     base, faster, same = _Sleeper([4.0]), _Sleeper([2.0]), _Sleeper([4.0])
     assert confirm(base, faster, (None,), "cpu", rounds=6, block=3).faster
     assert not confirm(base, same, (None,), "cpu", rounds=6, block=3).faster
+
+
+class _CacheSensitive(nn.Module):
+    """A forward that takes `warm` ms after another forward, and `cold` ms right after the
+    caches were flushed (the flag the test's flush sets)."""
+
+    def __init__(self, flushed: dict, warm: float, cold: float):
+        super().__init__()
+        self.flushed, self.warm, self.cold = flushed, warm, cold
+
+    def forward(self, x):
+        time.sleep((self.cold if self.flushed["now"] else self.warm) / 1e3)
+        self.flushed["now"] = False
+        return x
+
+
+def test_a_kernel_that_wins_only_on_a_warm_cache_is_not_kept():
+    """Back to back the trial is twice as fast; timed as do_bench times it (the caches flushed
+    before each forward) it is slower: it must not go in, and the verdict says why."""
+    flushed = {"now": False}
+    flush = lambda: flushed.__setitem__("now", True)  # noqa: E731
+    current = _CacheSensitive(flushed, warm=4.0, cold=4.0)
+    warm_only = _CacheSensitive(flushed, warm=2.0, cold=6.0)
+    v = measure.faster_in_model(current, warm_only, (None,), "cpu", rounds=6, block=3, flush=flush)
+    assert not v.faster and v.ratio > 1.5 and v.cold < 0.8, v
+    assert "with the caches flushed before each forward" in v.why and "do_bench" in v.why, v.why
+    both = _CacheSensitive(flushed, warm=2.0, cold=2.0)
+    v = measure.faster_in_model(current, both, (None,), "cpu", rounds=6, block=3, flush=flush)
+    assert v.faster and v.ratio > 1.5 and v.cold > 1.5, v
+    # a trial that loses back to back is not timed cold at all
+    v = measure.faster_in_model(both, current, (None,), "cpu", rounds=6, block=3, flush=flush)
+    assert not v.faster and v.cold is None, v
+
+
+def test_the_cold_clock_flushes_before_every_timed_forward_and_alternates_the_pair():
+    calls = []
+    flush = lambda: calls.append("flush")  # noqa: E731
+
+    class Tag(nn.Module):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def forward(self, x):
+            calls.append(self.name)
+            return x
+
+    s = measure.cold_cache({"a": Tag("a"), "b": Tag("b")}, (None,), "cpu", rounds=2, per_round=2,
+                           warmup=0, flush=flush)
+    assert calls == ["flush", "a"] * 2 + ["flush", "b"] * 2 + ["flush", "b"] * 2 + ["flush", "a"] * 2
+    assert len(s.times["a"]) == 4 and len(s.blocks["a"]) == 2 and s.clock == "cold"

@@ -4,8 +4,8 @@ Region figures choose candidates; only whole-model figures choose what goes in. 
 the user's alternative (torch.compile in the same Inductor mode; the eager model in eager
 mode), the candidates are added one at a time in order of expected gain (region time saved
 times calls), and each stays only if the whole forward, with every kernel kept so far, is
-faster than without it beyond the noise (measure.compare_blocks on the throughput clock) and
-its outputs still match the original's (accuracy.judge); the kept set is then timed against the
+faster than without it beyond the noise (measure.faster_in_model: the throughput clock, and
+not slower with cold caches, as triton's do_bench times it) and its outputs still match the original's (accuracy.judge); the kept set is then timed against the
 baseline once more in the other order (`confirm`), and goes in only if it is faster again. So
 the result is never slower than torch.compile within noise, and the report says for every
 kernel what it gained in the model or why it was dropped.
@@ -29,6 +29,7 @@ class Trial:
     expected_us: float  # region time saved per forward, from the region figures
     kept: bool = False
     gain: float | None = None  # current / with it, on the whole forward (> 1: faster)
+    cold_gain: float | None = None  # the same with cold caches (measured only when `gain` won)
     why: str = ""
     calls: int = 0  # kernel calls in one forward
     compile_s: float = 0.0
@@ -40,7 +41,8 @@ class Trial:
 
     def to_json(self) -> dict:
         return {"task_id": self.task_id, "op": self.op, "shape": list(self.shape),
-                "expected_us": self.expected_us, "kept": self.kept, "gain": self.gain, "why": self.why,
+                "expected_us": self.expected_us, "kept": self.kept, "gain": self.gain,
+                "cold_gain": self.cold_gain, "why": self.why,
                 "calls": self.calls, "compile_s": round(self.compile_s, 2)}
 
 
@@ -109,8 +111,8 @@ def confirm(base, current, inputs, device_type: str, *, rounds: int = 12,
     again: on the H200 (2026-12-04) a ResNet-50 trial read +24.4 % in 12 of 12 rounds, and
     the end-to-end check right after read the same two forwards equal (a kernel saving 3.5 us
     of device time a forward in a host-bound model); one reading is not enough to ship on."""
-    s = measure.throughput({"trial": current, "current": base}, inputs, device_type, rounds=rounds, block=block)
-    return measure.compare_blocks(s, "current", "trial")
+    return measure.faster_in_model(base, current, inputs, device_type, rounds=rounds, block=block,
+                                   trial_first=True)
 
 
 def decide(loaded, specs: list[dict], *, mode: str = "compile", inductor_mode: str | None = None,
@@ -169,10 +171,8 @@ def decide(loaded, specs: list[dict], *, mode: str = "compile", inductor_mode: s
                 say(f"  {tr.label}: dropped, {tr.why}")
                 rt._RUNTIMES.pop(id(runtime), None)
                 continue
-            s = measure.throughput({"current": current, "trial": fn}, inputs, device_type,
-                                   rounds=rounds, block=block)
-            v = measure.compare_blocks(s, "current", "trial")
-            tr.gain = v.ratio
+            v = measure.faster_in_model(current, fn, inputs, device_type, rounds=rounds, block=block)
+            tr.gain, tr.cold_gain = v.ratio, v.cold
             if v.faster:
                 tr.kept = True
                 tr.why = v.why

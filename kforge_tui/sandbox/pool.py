@@ -42,6 +42,7 @@ from pathlib import Path
 from kforge_tui.regions.task import Task
 from kforge_tui.sandbox import settings
 from kforge_tui.sandbox.result import Baseline, EvalResult, EvaluatorLost, Mismatch, Timing
+from kforge_tui.sandbox.trampoline import die_with_parent
 
 STDERR_TAIL_LINES = 200
 READY_TIMEOUT_S = 180.0  # importing torch (and creating a CUDA context) on a cold box
@@ -68,22 +69,6 @@ def describe_exit(rc: int | None) -> str:
     return f"worker exited with status {rc}"
 
 
-# `python -c` trampoline: ask the kernel for SIGKILL when the parent dies (prctl 1 =
-# PR_SET_PDEATHSIG), exit at once if the parent (argv[1]) is already gone, then run the worker
-# module as `-m` would. Linux only; elsewhere it just runs the worker.
-_DIE_WITH_PARENT = (
-    "import os, runpy, signal, sys\n"
-    "try:\n"
-    "    import ctypes\n"
-    "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)\n"
-    "except (OSError, AttributeError):\n"
-    "    pass\n"
-    "if os.getppid() != int(sys.argv[1]):\n"
-    "    os._exit(1)\n"
-    "sys.argv = ['kforge_tui.sandbox.worker', *sys.argv[2:]]\n"
-    "runpy.run_module('kforge_tui.sandbox.worker', run_name='__main__', alter_sys=True)\n")
-
-
 class _Worker:
     """One worker subprocess and its JSON-lines channel."""
 
@@ -107,8 +92,7 @@ class _Worker:
         # The worker dies with the process that spawned it (PR_SET_PDEATHSIG, set before the
         # worker module runs): an owner killed with `kill -9` left its workers running under
         # init. Its zygote and runners follow when their sockets to it close.
-        cmd = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), "--backend", self.backend,
-               "--device", str(self.device)]
+        cmd = die_with_parent("kforge_tui.sandbox.worker", "--backend", self.backend, "--device", str(self.device))
         if self.cache_dir:
             cmd += ["--cache-dir", str(self.cache_dir)]
         env = dict(os.environ)
@@ -279,6 +263,12 @@ class EvaluatorPool:
         # evaluation per GPU across them, held only while a worker runs it - static checks and
         # compiles stay parallel.
         self.device_gate: asyncio.Semaphore | None = None
+        # Triton's JIT ahead of the worker (GPU only: the interpreter compiles nothing)
+        self._precompiler = None
+        if backend == "triton" and self.device_kind == "cuda" and settings.worker_setting("KFORGE_TRITON_COMPILE_AHEAD", True):
+            from kforge_tui.sandbox.triton_precompile import Precompiler
+
+            self._precompiler = Precompiler(self.cache_dir)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -307,6 +297,8 @@ class EvaluatorPool:
             self._started = True
 
     async def close(self) -> None:
+        if self._precompiler is not None:
+            await self._precompiler.close()
         await asyncio.gather(*(w.close() for w in self._workers), return_exceptions=True)
         self._workers.clear()
         self._started = False
@@ -473,8 +465,32 @@ class EvaluatorPool:
                                       on_stage=on_stage)
         if isinstance(built, EvalResult):
             return built
-        return await self._run_built(self._task_json(task_json), task_json, run_dir, built.code, on_stage,
-                                     built.base, built.log)
+        tj = self._task_json(task_json)
+        cache = await self._compile_ahead(tj, built, on_stage)
+        try:
+            return await self._run_built(tj, task_json, run_dir, built.code, on_stage, built.base, built.log)
+        finally:
+            if cache:
+                self._precompiler.discard(cache)
+
+    async def _compile_ahead(self, tj: dict, built: "Built", on_stage) -> str | None:
+        """Triton on a GPU: compile the candidate's kernels before it queues for the worker
+        (sandbox/triton_precompile.py), so the GPU's one evaluation slot no longer waits for
+        Triton's JIT. The runner links the directory returned here into its cache; None (no
+        GPU, off, or the compile ahead failed) leaves the JIT to the runner, as before."""
+        if self._precompiler is None:
+            return None
+        if on_stage:
+            await _call(on_stage, "compile")
+        task = Task.from_json(tj)
+        t = time.perf_counter()
+        cache, rep = await self._precompiler.compile(built.code["source_path"], [m.to_json() for m in task.inputs],
+                                                     [m.to_json() for m in task.outputs])
+        built.base["stage_s"]["compile_ahead"] = time.perf_counter() - t
+        if cache:
+            built.code["precompiled"] = cache
+            built.base["compile_s"] = rep.get("seconds")  # the JIT, done here: the runner's is a load
+        return cache
 
     async def _compile_target(self) -> tuple[str | None, asyncio.Semaphore | None]:
         """(arch, compile slots), known once the workers run: the target is the first worker's."""

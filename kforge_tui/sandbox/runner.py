@@ -349,7 +349,7 @@ def _runner_main(sock: socket.socket, lang: str, device: int, spawn: dict) -> No
             # check, import, first call (Triton's JIT + one run on set 0, timed to its end);
             # the JIT compiles with a subprocess and writes its cache: before any filter
             entry = triton_loader.worker_entry(source, cand_dir, s0.tensors(), s0.out_tensors(),
-                                               sync=backend.sync)
+                                               sync=backend.sync, reuse_cache_from=job.get("reuse_cache") or ())
         if entry.status != "ok":
             send(sock, {"ev": "loaded", "error": entry.message or entry.status, "status": entry.status,
                         "log": (entry.log or "")[-4000:], "jit_s": entry.jit_s, "load_s": entry.load_s})

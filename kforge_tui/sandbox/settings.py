@@ -30,6 +30,8 @@ def _flag(raw: str) -> bool:
 WORKER_SETTINGS = {
     "KFORGE_RUNNER_SPARES": (int, "a whole number of spare runners, e.g. 3"),
     "KFORGE_SPARES_BESIDE_TIMING": (_flag, "1 or 0"),
+    # Triton candidates compiled before they queue for the GPU worker (sandbox/triton_precompile.py)
+    "KFORGE_TRITON_COMPILE_AHEAD": (_flag, "1 or 0"),
 }
 
 

@@ -597,7 +597,8 @@ class Worker(RemoteTiming):
         cand_dir = None
         if self.lang == "triton":
             cand_dir = self._candidate_dir(req)
-            code = {"source_path": req["source_path"], "cand_dir": cand_dir}
+            code = {"source_path": req["source_path"], "cand_dir": cand_dir,
+                    "reuse_cache": [req["precompiled"]] if req.get("precompiled") else []}
         else:
             code = {"lib": req["lib_path"]}
         job = {"cmd": "job", **code, "arena": info,
