@@ -40,4 +40,6 @@ def test_optimize_finds_a_verified_kernel_for_the_top_region(path, tmp_path):
     assert s.returncode == 0, s.stderr
     (task,) = json.loads(s.stdout)["tasks"]
     assert task["verified"], f"{path.name}: no verified kernel for {task['op']}: {p.stdout[-2000:]}"
-    assert task["best_us"] and task["evaluated"] >= 1
+    # timed too: the winner, or (on a loaded box where every figure is still noisy, as in a CI
+    # run beside other work) the noisy leader the engine would re-time
+    assert task["evaluated"] >= 1 and (task["best_us"] or task["noisy_leader"] is not None), task
