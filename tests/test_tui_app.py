@@ -364,6 +364,32 @@ async def test_edit_and_submit_hand_written():
         assert len(ctl.calls) == 1
 
 
+async def test_editing_a_re_timing_edits_the_kernel_it_re_timed():
+    """The best is often a `confirm:#N` re-timing of kernel N; the engine files an edit of it under
+    N (the tree node), so the editor's title and the submitted command name N, not the re-timing."""
+    ctl = RecordingControl()
+    app, events, rows = make_app(control=ctl)
+    async with app.run_test(size=SIZE) as pilot:
+        app.feed(events)
+        await settle(pilot, app)
+        kernel = next(i for i, r in rows.items() if r.get("status") == "ok" and r["action"] != "root")
+        tid = rows[kernel]["task_id"]
+        retime = max(rows) + 1
+        rows[retime] = dict(rows[kernel], id=retime, parent_id=kernel, action=f"confirm:#{kernel}")
+        app.feed([ev.NodeAdded(task_id=tid, node_id=retime, parent_id=kernel, action=f"confirm:#{kernel}",
+                               proposer="kforge", ts=T0 + 50)])
+        await settle(pilot, app)
+        app.task_id = tid
+        app.open_node(retime)
+        await pilot.press("e")
+        assert isinstance(app.screen, EditorScreen)
+        assert f"editing #{kernel} " in app.screen.title_text
+        app.screen.query_one(TextArea).insert("// by hand\n", (0, 0))
+        await pilot.press("ctrl+s")
+        await sent(pilot, ctl, 1)
+        assert ctl.calls == [("submit_source", tid, kernel, "// by hand\n" + rows[kernel]["source"])]
+
+
 async def test_edit_saves_the_kernel_under_the_run_dir_first(tmp_path):
     """Nothing typed is lost: the edit is on disk (owner-only) before it is sent anywhere."""
     ctl = RecordingControl(fail="the owner went away")

@@ -178,11 +178,14 @@ def test_live_and_attached_views_tell_the_truth_about_the_run(tmp_path):
         view.wait(lambda s: "stopped" in row(s, op), "stopped in the attached view", 10)
 
         # 4. a hand edit to the stopped op, from the attached view: queued at once, evaluated in 10 s
-        parent = tasks(run)[0]["best_node"]  # the op is stopped: its best stays put
-        assert parent is not None, "the stopped op has no verified kernel to edit"
+        best = tasks(run)[0]["best_node"]  # the op is stopped: its best stays put
+        assert best is not None, "the stopped op has no verified kernel to edit"
         view.keys("2", "g")
-        view.wait(lambda s: f"#{parent} cpp" in s, f"the best kernel #{parent} open", 15)
+        view.wait(lambda s: f"#{best} cpp" in s, f"the best kernel #{best} open", 15)
         with store(run) as st:
+            action = st.node(best)["action"]
+            # a best that is a re-timing (`confirm:#N`) stands for kernel N: the edit is N's child
+            parent = int(action.split("#", 1)[1]) if action.startswith("confirm:#") else best
             mine = st.node(parent)["source"] + "\n// tuned by hand in the attached view\n"
         view.keys("e")
         view.wait(lambda s: f"editing #{parent}" in s, "the editor", 15)

@@ -612,6 +612,11 @@ class KforgeApp(App):
                         severity="warning")
             return
         parent = self.node_id
+        shown = self.model.nodes.get(parent)
+        if shown is not None and shown.action.startswith("confirm:#"):
+            # a re-timing (the best after its confirmation) stands for the kernel it re-timed: the
+            # engine files the child under that tree node, so the title and messages name it too
+            parent = int(shown.action.split("#", 1)[1])
         backend = self.model.device or None
 
         def done(source: str | None) -> None:
