@@ -176,9 +176,16 @@ FIXTURES = {f.__name__: f for f in (rope_tables, rope_apply, qk_norm_rope, causa
                                      residual_rms_norm)}
 
 
-@lru_cache(maxsize=None)
 def tasks(name: str, backend: str = "cpu") -> tuple:
-    """The region tasks of one fixture, patterns matched as the capture matches them."""
+    """The region tasks of one fixture, patterns matched as the capture matches them (under the
+    partition settings in force: KFORGE_FUSE_CAT and KFORGE_EPILOGUES change the regions)."""
+    import os
+
+    return _tasks(name, backend, os.environ.get("KFORGE_FUSE_CAT", ""), os.environ.get("KFORGE_EPILOGUES", ""))
+
+
+@lru_cache(maxsize=None)
+def _tasks(name: str, backend: str, fuse_cat: str, epilogues: str) -> tuple:
     from dataclasses import replace
 
     from kforge_tui.regions import patterns

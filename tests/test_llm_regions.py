@@ -51,6 +51,23 @@ def test_inductor_seed_verifies_under_the_interpreter(name, tmp_path):
         assert inductor_seed.seed_for(tt) is not None
 
 
+@pytest.mark.parametrize("name", ["qk_norm_rope", "rope_apply"])
+def test_rope_fused_with_its_rotate_half_has_a_seed_that_verifies(name, monkeypatch, tmp_path):
+    """On a GPU `cat` fuses into the chains around it (partition.fuses_cat): the whole RoPE, or
+    QK-norm and RoPE, is one region, and node zero is Inductor's kernel for all of it."""
+    from kforge_tui.search.node_zero import node_zero
+
+    monkeypatch.setenv("KFORGE_FUSE_CAT", "1")
+    fused = [t for t in L.tasks(name) if "cat" in t.aten.split()]
+    assert fused and all(t.op != "cat" for t in L.tasks(name))
+    for k, t in enumerate(fused):
+        tt = t.with_backend("triton")
+        source, params, why = node_zero(tt)
+        assert source is not None, f"{t.op}: {why}"
+        got = L.run_triton(tt, source, tmp_path / f"r{k}")
+        assert got is None, f"{t.op}: {got}\n{source}"
+
+
 def test_topk_seed_is_inductors_fallback_call(tmp_path):
     """MoE routing's top-k: Inductor runs aten.topk, so node zero is that call into the outputs."""
     from kforge_tui.search.node_zero import node_zero

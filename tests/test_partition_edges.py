@@ -7,6 +7,7 @@ and a permuted input a chain only hands on (an output that is a copy of an input
 """
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kforge_tui.regions.build import tasks_of
@@ -50,3 +51,75 @@ def test_a_view_of_an_input_is_not_an_output():
         for n in t.graph["nodes"]:
             if n["name"] in outs:
                 assert not n["target"].endswith(("view.default", "permute.default")), t.code()
+
+
+def _partitions(fn, args) -> list:
+    """The partition of every graph `fn` compiles to (the specs keep their fx nodes)."""
+    from kforge_tui.regions import partition as P
+    from kforge_tui.regions import trace
+
+    found = []
+
+    def hook(gm, example_inputs, is_inference, inner_kwargs):
+        found.append(P.partition(gm))
+        return trace.eager_runner(gm)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(fn, backend=trace.make_backend(hook), dynamic=False)(*args)
+    return found
+
+
+def _region_order(part) -> list[int]:
+    """The regions in an order that runs each after those it reads (CycleError if none)."""
+    from graphlib import TopologicalSorter
+
+    owner = {n: k for k, r in enumerate(part.regions) for n in r.nodes}
+    deps = {k: {owner[i] for i in r.inputs if i in owner and owner[i] != k} for k, r in enumerate(part.regions)}
+    return list(TopologicalSorter(deps).static_order())
+
+
+@pytest.mark.parametrize("fuse_cat", ["0", "1"])
+@pytest.mark.parametrize("epilogues", ["0", "1"])
+def test_regions_never_read_each_other_in_a_cycle(monkeypatch, fuse_cat, epilogues):
+    """A region is one kernel: if the q chain reads k's heads while k's chain reads an unsqueeze
+    the q chain holds, neither can run first. The LLM fixtures under every partition setting."""
+    import llm_regions as L
+
+    monkeypatch.setenv("KFORGE_FUSE_CAT", fuse_cat)
+    monkeypatch.setenv("KFORGE_EPILOGUES", epilogues)
+    for name in sorted(L.FIXTURES):
+        fn, args = L.FIXTURES[name]()
+        for part in _partitions(fn, args):
+            assert len(_region_order(part)) == len(part.regions), name
+
+
+def test_on_a_gpu_rotate_half_is_fused_with_the_rope_around_it(monkeypatch):
+    """Inductor fuses `cat(-x2, x1)` into RoPE's kernel; as a region of its own it split the RoPE
+    into three regions with the halves and the rotated value written between them."""
+    import llm_regions as L
+
+    fn, args = L.FIXTURES["rope_apply"]()
+    monkeypatch.setenv("KFORGE_FUSE_CAT", "1")
+    (rope,) = tasks_of(fn, args)
+    assert "cat" in rope.aten.split() and "neg" in rope.aten.split()
+    assert [tuple(o.shape) for o in rope.outputs] == [(2, 4, 16, 16), (2, 2, 16, 16)]  # q and k, nothing between
+    monkeypatch.setenv("KFORGE_FUSE_CAT", "0")  # the cpu partition: the C kernels have no cat
+    assert [t.op for t in tasks_of(fn, args)].count("cat") == 2
+
+
+def test_cat_fuses_only_on_a_gpu_and_only_as_inductor_fuses_it(monkeypatch):
+    import torch.fx as fx
+
+    from kforge_tui.regions import partition as P
+
+    monkeypatch.delenv("KFORGE_FUSE_CAT", raising=False)
+    g = fx.Graph()
+    xs = [g.placeholder(f"x{k}") for k in range(10)]
+    few = g.call_function(torch.ops.aten.cat.default, (xs[:2], -1))
+    many = g.call_function(torch.ops.aten.cat.default, (xs, -1))
+    for n in (few, many):
+        n.meta["val"] = torch.empty(2, device="meta")
+    assert not P.fuses_cat(few)  # not a cuda value: the cpu's partition
+    monkeypatch.setenv("KFORGE_FUSE_CAT", "1")
+    assert P.fuses_cat(few) and not P.fuses_cat(many)  # more than 8 inputs: a ConcatKernel

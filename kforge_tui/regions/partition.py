@@ -18,7 +18,8 @@ Rules (docs/ARCHITECTURE.md "Regions" states them for users):
      of group a fusing compiler turns into one kernel. A chain holds at most one *reduction
      domain* (reductions over the same input shape and dims, like softmax's amax and sum or
      layer_norm's var_mean); what follows the reduction in the chain (its epilogue) stays on
-     the same rows: its size is that of the reduction's input or output.
+     the same rows: its size is that of the reduction's input or output. On a GPU a `cat` of
+     up to 8 inputs is pointwise here, as Inductor fuses it (`fuses_cat`: RoPE's rotate-half).
   4. Fusing never creates a cycle between regions (checked on ancestor bit sets).
   5. A chain of views alone does no work: it joins its only consumer region, else it is
      listed as skipped. So is a region whose every output is empty (zero elements: any kernel
@@ -234,7 +235,9 @@ class _Group:
         self.fusible = fusible
         self.domain = None
         self.mask = 0  # bit set of member indices
-        self.anc = 0  # bit set of ancestors of the members (members included)
+        # bit set of every node this group depends on, members included, through other *groups*:
+        # a group runs as one kernel, so reaching any member reaches all of them
+        self.anc = 0
         self.epilogue = 0  # a GEMM/conv group: its output's numel, which its epilogue keeps
 
 
@@ -254,6 +257,34 @@ def epilogues_for(node: fx.Node) -> bool:
     return isinstance(v, torch.Tensor) and v.device.type == "cuda" and node.target in GPU_EPILOGUE_HOSTS
 
 
+# Inductor lowers a `cat` of at most this many inputs as a pointwise kernel that reads each
+# input where the index falls (torch._inductor.config.max_pointwise_cat_inputs), fused with the
+# ops around it; a larger cat is a ConcatKernel whose producers write into their slices.
+POINTWISE_CAT_INPUTS = 8
+
+
+def fuses_cat(node: fx.Node) -> bool:
+    """Whether a `cat` fuses into the chains around it (rule 3) instead of being a region of its
+    own: on a GPU, as Inductor fuses it. RoPE's rotate-half is `cat(-x2, x1)`: a region of its own
+    split QK-norm + RoPE into three regions whose edges torch.compile never writes (the first one
+    returned a slice of its normed heads, which the ABI then copied: qwen_moe's rms_norm+mul+neg
+    seed read 66.6 against Inductor's 51.5 us, H100 2026-12-05). On the cpu the generated C kernels
+    (codegen/ir.py) have no form for a cat, so it stays a region there. KFORGE_FUSE_CAT=1/0 forces
+    either (tests of the GPU partition on a cpu)."""
+    import os
+
+    if node.target is not _aten.cat.default:
+        return False
+    tensors = node.args[0] if node.args else []
+    if not isinstance(tensors, (list, tuple)) or not 1 <= len(tensors) <= POINTWISE_CAT_INPUTS:
+        return False
+    force = os.environ.get("KFORGE_FUSE_CAT", "")
+    if force in ("0", "1"):
+        return force == "1"
+    v = _val(node)
+    return isinstance(v, torch.Tensor) and v.device.type == "cuda"
+
+
 def partition(gm: fx.GraphModule) -> Partition:
     """Regions of `gm` in source order; deterministic for a given graph."""
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
@@ -268,6 +299,7 @@ def partition(gm: fx.GraphModule) -> Partition:
     group_of: dict[fx.Node, _Group] = {}
     groups: list[_Group] = []
     cats = {n: classify(n) for n in nodes}
+    cats.update({n: "pointwise" for n in nodes if cats[n] == "compute" and fuses_cat(n)})
     reasons = {n: _unsupported_reason(n, cats[n]) for n in nodes}
 
     def new_group(n, fusible):
@@ -280,21 +312,21 @@ def partition(gm: fx.GraphModule) -> Partition:
         g.members.append(n)
         g.mask |= 1 << idx[n]
         g.anc |= anc[n] | (1 << idx[n])
+        for i in n.all_input_nodes:
+            p = group_of.get(i)
+            if p is not None and p is not g:
+                g.anc |= p.anc
         group_of[n] = g
 
     def creates_cycle(a: _Group, b: _Group) -> bool:
+        """Would one group of a and b depend on itself? Through a third group C that depends on
+        one and feeds the other. Checked on groups, not nodes: QK-norm's chain held cos's
+        unsqueeze next to its own heads, so k's chain, reading that unsqueeze while the q chain
+        read k's heads, was a cycle that no path between single nodes shows."""
         both = a.mask | b.mask
         ext = (a.anc | b.anc) & ~both
-        lo = min(_lowbit(a.mask), _lowbit(b.mask))
-        hi = max(a.mask.bit_length(), b.mask.bit_length())
-        ext &= ((1 << hi) - 1) & ~((1 << (lo + 1)) - 1)
-        while ext:
-            low = ext & -ext
-            z = nodes[low.bit_length() - 1]
-            if anc[z] & both:
-                return True
-            ext ^= low
-        return False
+        return bool(ext) and any(c is not a and c is not b and c.members and c.mask & ext
+                                 and c.anc & both for c in groups)
 
     def merge(into: _Group, other: _Group) -> None:
         for m in other.members:
@@ -304,6 +336,9 @@ def partition(gm: fx.GraphModule) -> Partition:
         into.anc |= other.anc
         into.domain = into.domain or other.domain
         other.members = []
+        for d in groups:  # whatever depended on either now depends on all the merged group does
+            if d is not into and d.members and d.anc & into.mask:
+                d.anc |= into.anc
 
     def compatible(g: _Group, n: fx.Node, dom) -> bool:
         """Can node n (with reduction domain `dom`, or None) join fusible group g?"""
@@ -501,10 +536,6 @@ def _return_prologues(groups, group_of, cats, idx) -> None:
                 changed = True
     for c in moved:
         c.members.sort(key=lambda m: idx[m])
-
-
-def _lowbit(mask: int) -> int:
-    return (mask & -mask).bit_length() - 1
 
 
 def _spec(g: _Group, cats, reasons, idx) -> RegionSpec | None:
