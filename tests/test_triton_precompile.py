@@ -53,7 +53,10 @@ async def test_a_server_that_cannot_start_leaves_the_compile_to_the_worker(tmp_p
     assert cache is None and rep["error"] == pre.dead
 
 
-def test_only_a_pool_that_compiles_on_a_gpu_compiles_ahead(tmp_path, monkeypatch):
+def test_only_a_pool_that_compiles_on_a_gpu_compiles_ahead_and_only_when_asked(tmp_path, monkeypatch):
+    monkeypatch.delenv("KFORGE_TRITON_COMPILE_AHEAD", raising=False)
+    assert EvaluatorPool("triton", cache_dir=tmp_path, device="cuda")._precompiler is None  # off by default
+    monkeypatch.setenv("KFORGE_TRITON_COMPILE_AHEAD", "1")
     assert EvaluatorPool("triton", cache_dir=tmp_path, device="cpu")._precompiler is None
     assert EvaluatorPool("cuda", cache_dir=tmp_path, device="cuda")._precompiler is None
     assert EvaluatorPool("triton", cache_dir=tmp_path, device="cuda")._precompiler is not None
@@ -75,13 +78,14 @@ def test_jobs_have_their_own_directory_per_source_and_abi():
 
 
 @pytest.mark.gpu
-async def test_gpu_the_runner_loads_what_was_compiled_ahead(tmp_path):
+async def test_gpu_the_runner_loads_what_was_compiled_ahead(tmp_path, monkeypatch):
     """The candidate's kernels are compiled before it queues; the runner's first call finds them
     in its cache (a load, far under the compile), and the verdict is the runner's as before."""
     from pathlib import Path
 
     src = (Path(__file__).parent / "cheats" / "triton" / "_honest_softmax.py").read_text()
     task = task_of(lambda x: torch.softmax(x, -1), (torch.randn(4096, 1024),), backend="triton")
+    monkeypatch.setenv("KFORGE_TRITON_COMPILE_AHEAD", "1")  # off by default
     async with EvaluatorPool("triton", cache_dir=tmp_path, eval_timeout_s=120) as pool:
         await pool.baseline(task.to_json(), str(tmp_path))
         r = await pool.evaluate(task.to_json(), str(tmp_path), src)

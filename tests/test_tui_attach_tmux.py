@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from kforge_tui.figures import retimed_node
 from kforge_tui.store import RunStore, owner_pid
 from test_tui_live_terminal import Term
 
@@ -90,6 +91,7 @@ def test_attached_tui_steers_a_headless_run(tmp_path):
         s = t.wait(lambda s: re.search(r"#(\d+) (cpp|cuda)", s) is not None, "an opened kernel", 15)
         parent = int(re.search(r"#(\d+) (cpp|cuda)", s).group(1))
         with store(run) as st:
+            parent = retimed_node(st.node(parent)["action"]) or parent  # a re-timing's edit is N's child
             mine = st.node(parent)["source"] + "\n// tuned by hand in the attached TUI\n"
         t.keys("e")
         t.wait(lambda s: f"editing #{parent}" in s, "the editor")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from kforge_tui.figures import retimed_node
 from kforge_tui.store import RunStore
 
 pytestmark = [pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (.ci/run installs it)"),
@@ -133,7 +134,8 @@ def test_live_tui_fix_a_failed_kernel_by_hand(tmp_path):
         s = t.wait(lambda s: re.search(r"#(\d+) cpp", s) is not None, "the opened node's source")
         opened = int(re.search(r"#(\d+) cpp", s).group(1))
         t.keys("e")
-        t.wait(lambda s: f"editing #{opened}" in s and "#include" in s, "the editor")
+        s = t.wait(lambda s: re.search(r"editing #\d+ ", s) is not None and "#include" in s, "the editor")
+        editing = int(re.search(r"editing #(\d+) ", s).group(1))  # checked against the store below
 
         # 3. replace it with a kernel that does not compile and submit it
         t.keys("F7")
@@ -196,8 +198,8 @@ def test_live_tui_fix_a_failed_kernel_by_hand(tmp_path):
         opened_action = store.node(opened)["action"]
     assert [(r["id"], r["status"], r["action"]) for r in hand] == [(failed, "compile_error", "hand"),
                                                                  (hand[1]["id"], "ok", "hand")]
-    if opened_action.startswith("confirm:#"):
-        opened = int(opened_action.split("#")[1])
+    opened = retimed_node(opened_action) or opened
+    assert editing == opened  # the editor names the kernel its child goes under
     assert hand[0]["parent_id"] == opened and hand[1]["parent_id"] == failed
     assert hand[0]["source"] == BROKEN_CPP and hand[1]["source"] == GOOD_CPP
     assert hand[1]["speedup"] and hand[1]["speedup"] > 0

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from kforge_tui.errors import UsageError
+from kforge_tui.figures import retimed_node
 from kforge_tui.store import RunStore, owner_pid
 from test_tui_attach_tmux import wait
 from test_tui_live_terminal import Term
@@ -183,9 +184,7 @@ def test_live_and_attached_views_tell_the_truth_about_the_run(tmp_path):
         view.keys("2", "g")
         view.wait(lambda s: f"#{best} cpp" in s, f"the best kernel #{best} open", 15)
         with store(run) as st:
-            action = st.node(best)["action"]
-            # a best that is a re-timing (`confirm:#N`) stands for kernel N: the edit is N's child
-            parent = int(action.split("#", 1)[1]) if action.startswith("confirm:#") else best
+            parent = retimed_node(st.node(best)["action"]) or best  # a re-timing's edit is N's child
             mine = st.node(parent)["source"] + "\n// tuned by hand in the attached view\n"
         view.keys("e")
         view.wait(lambda s: f"editing #{parent}" in s, "the editor", 15)

@@ -31,6 +31,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from kforge_tui import events as ev
 from kforge_tui.control import EngineControl, EngineThread
 from kforge_tui.errors import UsageError
+from kforge_tui.figures import retimed_node
 from kforge_tui.summary import fmt_us
 from kforge_tui.tui import themes
 from kforge_tui.tui.details import NodeDetails
@@ -613,10 +614,9 @@ class KforgeApp(App):
             return
         parent = self.node_id
         shown = self.model.nodes.get(parent)
-        if shown is not None and shown.action.startswith("confirm:#"):
-            # a re-timing (the best after its confirmation) stands for the kernel it re-timed: the
-            # engine files the child under that tree node, so the title and messages name it too
-            parent = int(shown.action.split("#", 1)[1])
+        # a re-timing (the best after its confirmation) stands for the kernel it re-timed: the
+        # engine files the child under that tree node, so the title and messages name it too
+        parent = (retimed_node(shown.action) if shown is not None else None) or parent
         backend = self.model.device or None
 
         def done(source: str | None) -> None:
