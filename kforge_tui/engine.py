@@ -20,6 +20,7 @@ from pathlib import Path
 from kforge_tui import events as ev
 from kforge_tui.device import device_info, release_cached_memory, resolve_backend
 from kforge_tui.errors import UsageError, WorkFailed
+from kforge_tui.figures import retiming_action
 from kforge_tui.evaluators import (  # noqa: F401 (re-exported)
     _Slots, default_parallel, device_of, kernel_backends, PoolPerLanguage)
 from kforge_tui.run_settings import OptimizeSettings, reserve_run_dir, settings_for_resume  # noqa: F401
@@ -516,7 +517,7 @@ class Engine:
     async def _retime(self, ts: SearchState, v: NodeView) -> None:
         """One `confirm:#<id>` re-timing of candidate `v` (see _confirm)."""
         tid = ts.task.task_id
-        action = f"confirm:#{v.node_id}"
+        action = retiming_action(v.node_id)
         node_id = self.store.add_node(tid, v.node_id, action=action, proposer="kforge",
                                       source=v.source, params=v.params, status="pending")
         ts.views[node_id] = NodeView(node_id, v.node_id, action, v.source, params=v.params)

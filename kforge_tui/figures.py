@@ -105,6 +105,11 @@ class NodeFigure:
         return self.parent_id is not None and not self.is_retiming and self.action != "root"
 
 
+def retiming_action(node_id: int) -> str:
+    """The action of a node that re-times candidate `node_id` (the engine's `confirm:#N`)."""
+    return f"confirm:#{node_id}"
+
+
 def retimed_node(action: str) -> int | None:
     """The kernel a re-timing node (`confirm:#N`) re-timed: N, which is the node the search tree
     holds (an edit of the re-timing is N's child); None for any other node."""

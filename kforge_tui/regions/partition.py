@@ -20,7 +20,7 @@ Rules (docs/ARCHITECTURE.md "Regions" states them for users):
      layer_norm's var_mean); what follows the reduction in the chain (its epilogue) stays on
      the same rows: its size is that of the reduction's input or output. On a GPU a `cat` of
      up to 8 inputs is pointwise here, as Inductor fuses it (`fuses_cat`: RoPE's rotate-half).
-  4. Fusing never creates a cycle between regions (checked on ancestor bit sets).
+  4. Fusing never creates a cycle between regions (checked on each group's ancestors).
   5. A chain of views alone does no work: it joins its only consumer region, else it is
      listed as skipped. So is a region whose every output is empty (zero elements: any kernel
      or pattern "matches" it) and a fused chain with no input at all (iota/arange arithmetic
@@ -248,13 +248,23 @@ def epilogues_for(node: fx.Node) -> bool:
     region of its own that a cpu kernel can win on. A convolution keeps its epilogue apart on the
     GPU too (GPU_EPILOGUE_HOSTS says why). KFORGE_EPILOGUES=1 folds both kinds, =0 neither
     (tests of the GPU partition on a cpu; trying a conv+epilogue design)."""
+    force = _forced("KFORGE_EPILOGUES")
+    if force is not None:
+        return force
+    return _on_gpu(node) and node.target in GPU_EPILOGUE_HOSTS
+
+
+def _forced(name: str) -> bool | None:
+    """A partition rule's override from the environment (1 or 0), None when unset."""
     import os
 
-    force = os.environ.get("KFORGE_EPILOGUES", "")
-    if force in ("0", "1"):
-        return force == "1"
+    force = os.environ.get(name, "")
+    return force == "1" if force in ("0", "1") else None
+
+
+def _on_gpu(node: fx.Node) -> bool:
     v = _val(node)
-    return isinstance(v, torch.Tensor) and v.device.type == "cuda" and node.target in GPU_EPILOGUE_HOSTS
+    return isinstance(v, torch.Tensor) and v.device.type == "cuda"
 
 
 # Inductor lowers a `cat` of at most this many inputs as a pointwise kernel that reads each
@@ -271,31 +281,19 @@ def fuses_cat(node: fx.Node) -> bool:
     seed read 66.6 against Inductor's 51.5 us, H100 2026-12-05). On the cpu the generated C kernels
     (codegen/ir.py) have no form for a cat, so it stays a region there. KFORGE_FUSE_CAT=1/0 forces
     either (tests of the GPU partition on a cpu)."""
-    import os
-
     if node.target is not _aten.cat.default:
         return False
     tensors = node.args[0] if node.args else []
     if not isinstance(tensors, (list, tuple)) or not 1 <= len(tensors) <= POINTWISE_CAT_INPUTS:
         return False
-    force = os.environ.get("KFORGE_FUSE_CAT", "")
-    if force in ("0", "1"):
-        return force == "1"
-    v = _val(node)
-    return isinstance(v, torch.Tensor) and v.device.type == "cuda"
+    force = _forced("KFORGE_FUSE_CAT")
+    return _on_gpu(node) if force is None else force
 
 
 def partition(gm: fx.GraphModule) -> Partition:
     """Regions of `gm` in source order; deterministic for a given graph."""
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     idx = {n: i for i, n in enumerate(nodes)}
-    anc: dict[fx.Node, int] = {}
-    for n in nodes:
-        a = 0
-        for i in n.all_input_nodes:
-            if i in idx:
-                a |= anc[i] | (1 << idx[i])
-        anc[n] = a
     group_of: dict[fx.Node, _Group] = {}
     groups: list[_Group] = []
     cats = {n: classify(n) for n in nodes}
@@ -311,8 +309,8 @@ def partition(gm: fx.GraphModule) -> Partition:
     def add(g, n):
         g.members.append(n)
         g.mask |= 1 << idx[n]
-        g.anc |= anc[n] | (1 << idx[n])
-        for i in n.all_input_nodes:
+        g.anc |= 1 << idx[n]
+        for i in n.all_input_nodes:  # every call before n is in a group: theirs hold its ancestors
             p = group_of.get(i)
             if p is not None and p is not g:
                 g.anc |= p.anc
