@@ -62,3 +62,17 @@ def test_linear_with_bias_is_the_library_call(tmp_path):
                    backend="triton")
     seed, src = _seed_ok(task, tmp_path)
     assert seed.libraries and ("torch.addmm(" in src or "torch.mm(" in src)
+
+
+def test_a_library_call_into_an_output_of_another_shape_writes_through_a_view(tmp_path, monkeypatch):
+    """linear + gelu on a 3-d input: Inductor's mm writes a [B*S, N] buffer that the region
+    returns as [B, S, N]. The seed's `mm(out=outputs[0])` resized the output tensor (its memory
+    verified; traced into gemma's graph, the region returned [4096, 6912] where [8, 512, 6912]
+    was read, H100 2026-12-06): the call writes through a view of the output at mm's shape."""
+    monkeypatch.setenv("KFORGE_EPILOGUES", "1")
+    w = torch.randn(24, 8)
+    task = task_of(lambda x: torch.nn.functional.gelu(torch.nn.functional.linear(x, w), approximate="tanh"),
+                   (torch.randn(2, 4, 8),), backend="triton")
+    assert [tuple(m.shape) for m in task.outputs] == [(2, 4, 24)]
+    seed, src = _seed_ok(task, tmp_path)
+    assert seed.libraries and "out=outputs[0].as_strided((8, 24), (24, 1))" in src

@@ -368,6 +368,28 @@ def test_guard_allows_scratch_and_fills_but_not_torch_compute(tmp_path):
     assert verify(task, e) is None
 
 
+def test_loader_refuses_a_call_that_reshapes_the_tensors_it_was_given(tmp_path, monkeypatch):
+    """The values of a resized output verify (same memory), but inside the model the launch is
+    traced into the graph, which then returns a tensor of the wrong shape (gemma's linear+gelu
+    seed, `mm(out=outputs[0])` at [4096, 6912] for an [8, 512, 6912] output, H100 2026-12-06)."""
+    monkeypatch.setenv("KFORGE_EPILOGUES", "1")  # matmul + relu: one region, as on a GPU
+    task = task_of(lambda a, b: torch.relu(a @ b), (torch.randn(2, 4, 8), torch.randn(8, 8)), backend="triton")
+    assert [tuple(m.shape) for m in task.outputs] == [(2, 4, 8)]
+    a = next(i for i, m in enumerate(task.inputs) if len(m.shape) == 3)
+    src = ("import torch\nimport triton\nimport triton.language as tl\n\n\n"
+           "@triton.jit\ndef relu_inplace(y, N: tl.constexpr):\n    i = tl.arange(0, N)\n"
+           "    tl.store(y + i, tl.maximum(tl.load(y + i), 0.0))\n\n\n"
+           "def kforge_launch(inputs, outputs):\n"
+           f"    torch.mm(inputs[{a}].as_strided((8, 8), (8, 1)), inputs[{1 - a}], out={{out}})\n"
+           "    relu_inplace[(1,)](outputs[0], N=64)\n    return 0\n")
+    ok = load_run(task, src.format(out="outputs[0].as_strided((8, 8), (8, 1))"), tmp_path, "view")
+    assert ok.status == "ok", ok.message
+    assert verify(task, ok) is None
+    e = load_run(task, src.format(out="outputs[0]"), tmp_path, "resize")
+    assert e.status == "launch_error" and "changed output 0 itself (its shape [2, 4, 8] -> [8, 8]" in e.message, \
+        (e.status, e.message)
+
+
 # ----------------------------------------------------------------------------- Inductor seeds
 
 SEED_TASKS = {

@@ -336,6 +336,7 @@ def load(source: str, cand_dir: str | Path, *, check: bool = True,
 
     def launch(inputs, outputs) -> int:
         n = len(guard.violations)
+        before = _tensor_metas(inputs, outputs)
         try:
             with _env("TRITON_CACHE_DIR", str(cache)), guard.mode():
                 rc = fn(inputs, outputs)
@@ -351,6 +352,10 @@ def load(source: str, cand_dir: str | Path, *, check: bool = True,
             entry.last_error = (f"{ENTRY} called the PyTorch op {guard.violations[n]} from its own "
                                 "code (computing with PyTorch is not writing the kernel)")
             return RC_TORCH_OP
+        changed = _changed_meta(before, _tensor_metas(inputs, outputs))
+        if changed:
+            entry.last_error = f"{ENTRY} {changed}"
+            return RC_RAISED
         try:
             return 0 if rc is None else int(rc)
         except (TypeError, ValueError):
@@ -361,6 +366,29 @@ def load(source: str, cand_dir: str | Path, *, check: bool = True,
     entry.status, entry.launch, entry.launch_fast = "ok", launch, launch_fast
     entry.load_s = time.perf_counter() - t0
     return entry
+
+
+def _tensor_metas(inputs, outputs) -> list:
+    return [[None if t is None else (tuple(t.shape), t.stride(), t.storage_offset(), t.data_ptr())
+             for t in ts] for ts in (inputs, outputs)]
+
+
+def _changed_meta(before: list, after: list) -> str:
+    """How a call changed the tensor objects it was handed ('' when it did not). Inside the
+    model the launch is traced into the graph (integrate/triton_region.py), and the graph takes
+    the tensors it hands over as they are after the call: `torch.mm(a, b, out=outputs[0])` at
+    another shape resizes outputs[0] (the memory is the same, so the values verify) and the
+    traced region returns a tensor of the wrong shape (gemma's linear+gelu seed, H100
+    2026-12-06). A kernel writes into its tensors; it does not reshape or move them."""
+    for kind, was, now in zip(("input", "output"), before, after):
+        for i, (a, b) in enumerate(zip(was, now)):
+            if a == b:
+                continue
+            what = ("its shape " + f"{list(a[0])} -> {list(b[0])}" if a[0] != b[0] else
+                    f"its strides {list(a[1])} -> {list(b[1])}" if a[1] != b[1] else "where it points")
+            return (f"changed {kind} {i} itself ({what}; an out= call at another shape resizes "
+                    "its out tensor): write into the tensors as they are given, through views")
+    return ""
 
 
 def _first(e: BaseException) -> str:

@@ -486,6 +486,12 @@ def rewrite(wrapper: str, task: Task, input_order: list | None, chosen: dict | N
                 _same_layout(vs, vt, m.shape, m.strides):
             owner[r.root] = k
             env[r.root] = f"outputs[{k}]"
+    # what each tensor the seed names really is: a buffer that became output k is that output,
+    # at the output's shape and strides, not at the ones Inductor allocated it with
+    named = dict(layout)
+    for root, k in owner.items():
+        m = task.outputs[k]
+        named[root] = (tuple(m.shape), tuple(m.strides), m.dtype)
     for k, r in enumerate(w.returned):
         if r.root in w.fallback_parts and r.root not in owner and not r.off:
             m = task.outputs[k]
@@ -516,7 +522,7 @@ def rewrite(wrapper: str, task: Task, input_order: list | None, chosen: dict | N
     offsets: dict[str, set] = {}  # kernel -> pointer params handed a view at an offset
     for step in w.steps:
         if step[0] == "library":
-            launches.append(_library_launch(step[1], step[2], step[3], w, env, layout))
+            launches.append(_library_launch(step[1], step[2], step[3], w, env, layout, named))
             continue
         if step[0] == "fallback":
             _, op, args, name = step
@@ -524,7 +530,7 @@ def rewrite(wrapper: str, task: Task, input_order: list | None, chosen: dict | N
             if not all(o and o.startswith("outputs[") for o in outs):
                 raise SeedUnsupported(f"Inductor's fallback aten.{op} feeds more of the region: only "
                                       "a result returned as it is becomes the seed's call")
-            ln = _library_launch(op, args, {}, w, env, layout)
+            ln = _library_launch(op, args, {}, w, env, layout, named)
             ln.kwargs["out"] = "(" + ", ".join(outs) + ")"
             launches.append(ln)
             continue
@@ -575,9 +581,16 @@ def rewrite(wrapper: str, task: Task, input_order: list | None, chosen: dict | N
 
 
 def _library_launch(lib: str, args: list, kwargs: dict, w: _Wrapper, env: dict,
-                    layout: dict) -> SeedLaunch:
+                    layout: dict, named: dict | None = None) -> SeedLaunch:
     """`extern_kernels.mm(a, reinterpret_tensor(w, (k, n), (1, k), 0), out=buf)` -> the same
-    call on the candidate's tensors, a view written as `.as_strided(size, stride)`."""
+    call on the candidate's tensors, a view written as `.as_strided(size, stride)`.
+
+    `layout` is each buffer as Inductor allocated it, `named` the tensor the seed hands over
+    for it (an output owns a buffer of its storage at its own shape). Where they differ the
+    call gets a view: `mm(out=outputs[0])` with outputs[0] [8, 512, 6912] would resize the
+    output tensor to [4096, 6912], harmless in memory but, traced into the model's graph, an
+    output of the wrong shape (gemma's linear+gelu, H100 2026-12-06)."""
+    named = named or layout
     def expr(node) -> str:
         if isinstance(node, ast.Constant):
             return repr(node.value)
@@ -591,10 +604,13 @@ def _library_launch(lib: str, args: list, kwargs: dict, w: _Wrapper, env: dict,
             raise SeedUnsupported(f"library call {lib}: a view at an offset")
         base = env[r.root]
         shape, stride, _ = layout[r.root]
-        if r.size is None or (tuple(r.size), tuple(r.stride)) == (tuple(shape), tuple(stride)):
+        want = (tuple(r.size), tuple(r.stride)) if r.size is not None else (tuple(shape), tuple(stride))
+        have = named.get(r.root, layout[r.root])[:2]
+        if tuple(int(x) for x in want[0]) == tuple(have[0]) and \
+                tuple(int(x) for x in want[1]) == tuple(have[1]):
             return base
-        size = "(" + ", ".join(str(int(x)) for x in r.size) + ("," if len(r.size) == 1 else "") + ")"
-        strd = "(" + ", ".join(str(int(x)) for x in r.stride) + ("," if len(r.stride) == 1 else "") + ")"
+        size = "(" + ", ".join(str(int(x)) for x in want[0]) + ("," if len(want[0]) == 1 else "") + ")"
+        strd = "(" + ", ".join(str(int(x)) for x in want[1]) + ("," if len(want[1]) == 1 else "") + ")"
         return f"{base}.as_strided({size}, {strd})"
 
     return SeedLaunch(lib, [expr(a) for a in args], {}, kind="library",
