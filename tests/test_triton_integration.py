@@ -142,3 +142,70 @@ def test_a_triton_winner_runs_inside_the_compiled_model(tmp_path, inductor_mode)
     if inductor_mode is None:  # under CUDA graphs a replay shows no kernel names
         assert any("kf_chain_kernel" in n for n in names), names
     assert not any(rt.OP_NS in n for n in names), names
+
+
+# One buffer, two written pointers: the second half of the row through the second.
+HALVES_TWICE = '''import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kf_halves(x_ptr, a_ptr, b_ptr, N: tl.constexpr, HALF: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, HALF)
+    tl.store(a_ptr + row * N + cols, tl.load(x_ptr + row * N + cols))
+    tl.store(b_ptr + HALF + row * N + cols, tl.load(x_ptr + row * N + HALF + cols))
+
+
+def kforge_launch(inputs, outputs):
+    x, y = inputs[0], outputs[0]
+    kf_halves[(x.shape[0],)](x, y, y, N=x.shape[1], HALF=x.shape[1] // 2)
+    return 0
+'''
+
+
+def _traced(k, task):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        return k.subgraph([torch.empty_strided(s, st, dtype=dt) for s, dt, st in k.inputs])
+
+
+def _rope(x, cos, sin):
+    h = x.view(2, 8, 3, 16).transpose(1, 2)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return h * cos + torch.cat((-h[..., 8:], h[..., :8]), -1) * sin
+
+
+def test_a_launch_writing_one_buffer_through_two_arguments_is_refused(tmp_path):
+    """Traced, each written argument is a functional copy of its own, so the writes through one
+    of the two are lost: refused with the reason, not left to the model's accuracy check."""
+    task = chain_task()
+    k = _kernel(tmp_path, HALVES_TWICE, task, "cpu")
+    with pytest.raises(TritonLoadError, match="passes one buffer as a_ptr, b_ptr"):
+        _traced(k, task)
+    once = HALVES_TWICE.replace("(x, y, y, N=", "(x, y, N=").replace("x_ptr, a_ptr, b_ptr,", "x_ptr, a_ptr,") \
+        .replace("tl.store(b_ptr + HALF", "tl.store(a_ptr + HALF")
+    _traced(_kernel(tmp_path, once, task, "cpu"), task)  # the same kernel, the buffer passed once
+
+
+def test_inductors_cat_kernel_is_seeded_with_each_buffer_once_and_traces(tmp_path, monkeypatch):
+    """qwen_moe's QK-norm + RoPE (H100 2026-12-06): Inductor's cat kernel writes a buffer's two
+    halves through out_ptr0 and out_ptr1. The seed passed the buffer twice, and in the model
+    the second half was never written (93 % of the logits off): the seed now passes it once, the
+    second pointer an offset from the first."""
+    from kforge_tui.regions.build import task_of
+    from kforge_tui.search import inductor_seed
+
+    monkeypatch.setenv("KFORGE_FUSE_CAT", "1")  # one region, as on a GPU
+    task = task_of(_rope, (torch.randn(2, 8, 48), torch.randn(1, 1, 8, 16), torch.randn(1, 1, 8, 16)),
+                   backend="triton")
+    seed = inductor_seed.generate(task, "cpu")
+    launches = [ln for ln in seed.launches if ln.kind == "kernel"]
+    assert any(p.endswith("_KFOFF") for ln in launches for p in ln.extra)  # the cat writes at an offset
+    for ln in launches:
+        bufs = [a for a in ln.args if isinstance(a, str)]
+        assert len(bufs) == len(set(bufs)), (ln.kernel, ln.args)
+    gm = _traced(_kernel(tmp_path, seed.render(), task, "cpu"), task)
+    assert [n for n in gm.graph.nodes if n.target is torch.ops.higher_order.triton_kernel_wrapper_functional]

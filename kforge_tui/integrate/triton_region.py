@@ -127,9 +127,29 @@ class TritonKernel(KernelSpec):
         if not hops:
             raise TritonLoadError(f"{self.task_id}: its kforge_launch launched no Triton kernel in the trace")
         _inputs_are_read_only(gm, hops)
+        _no_written_aliases(gm, hops, self.task_id)
         for n in hops:  # the strides it was verified on, which Inductor then hands over exactly
             n.meta["eager_input_vals"] = ((), torch.utils._pytree.tree_map(_fake, dict(n.kwargs)))
         return gm
+
+
+def _no_written_aliases(gm: fx.GraphModule, hops: list, task_id: str) -> None:
+    """A launch that hands one buffer to two pointer arguments and writes through either cannot
+    be a functional graph: each written argument becomes a copy of its own, so the writes
+    through one are lost (qwen_moe's QK-norm + RoPE seed wrote a cat's two halves through two
+    pointers into one buffer: 93 % of the logits changed, H100 2026-12-06). Refused here, with
+    the reason, rather than found by the whole-model accuracy check."""
+    for n in hops:
+        kw = dict(n.kwargs)
+        args, written = kw.get("kwargs") or {}, set(kw.get("tensors_to_clone") or [])
+        by_node: dict = {}
+        for name, v in args.items():
+            if isinstance(v, fx.Node):
+                by_node.setdefault(v, []).append(name)
+        for names in by_node.values():
+            if len(names) > 1 and written & set(names):
+                raise TritonLoadError(f"{task_id}: a launch passes one buffer as {', '.join(names)} and "
+                                      "writes through it; pass it once and offset from it")
 
 
 def _inputs_are_read_only(gm: fx.GraphModule, hops: list) -> None:

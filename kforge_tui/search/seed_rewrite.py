@@ -520,6 +520,7 @@ def rewrite(wrapper: str, task: Task, input_order: list | None, chosen: dict | N
             scratch.append((name, list(shape), list(stride), dt))
     launches: list[SeedLaunch] = []
     offsets: dict[str, set] = {}  # kernel -> pointer params handed a view at an offset
+    aliases: dict[str, dict] = {}  # kernel -> {param: the earlier param handed the same buffer}
     for step in w.steps:
         if step[0] == "library":
             launches.append(_library_launch(step[1], step[2], step[3], w, env, layout, named))
@@ -540,7 +541,7 @@ def rewrite(wrapper: str, task: Task, input_order: list | None, chosen: dict | N
         if len(args) != len(plain):
             raise SeedUnsupported(f"kernel {kname}: {len(args)} launch arguments for "
                                   f"{len(plain)} parameters")
-        out_args, numels, extra = [], {}, {}
+        out_args, numels, extra, first, same = [], {}, {}, {}, {}
         for p, a in zip(plain, args):
             if isinstance(a, ast.Constant) and isinstance(a.value, (int, float)):
                 out_args.append(a.value)
@@ -550,16 +551,28 @@ def rewrite(wrapper: str, task: Task, input_order: list | None, chosen: dict | N
             r = w.ref(a)
             if r.root not in env:
                 raise SeedUnsupported(f"kernel {kname}: argument {ast.unparse(a)[:40]} is unknown")
+            if r.root in first:
+                # one buffer as two pointers (a cat's halves): one argument, the second an
+                # offset from it. Traced into the model, each pointer argument a kernel writes
+                # is a functional copy of its own, and the writes through one of the two would
+                # be lost (qwen_moe's QK-norm + RoPE, H100 2026-12-06: 93 % of the logits off)
+                same[p] = first[r.root]
+                extra[f"{p}_KFOFF"] = r.off
+                continue
+            first[r.root] = p
             out_args.append(env[r.root])
             if r.off:
                 extra[f"{p}_KFOFF"] = r.off
                 offsets.setdefault(kname, set()).add(p)
+        if aliases.setdefault(kname, same) != same:
+            raise SeedUnsupported(f"kernel {kname}: its launches pass one buffer as different arguments")
         for p in k.constexprs:  # numels passed as constexpr (e.g. xnumel == 1)
             if p.endswith("numel") and p in k.constants:
                 numels[p] = int(k.constants[p])
         launches.append(SeedLaunch(kname, out_args, numels, extra))
-    for kname, params in offsets.items():
-        _offset_pointers(kernels[kname], sorted(params))
+    for kname in set(offsets) | {k for k, v in aliases.items() if v}:
+        params = sorted(offsets.get(kname, ()))
+        _offset_pointers(kernels[kname], params, aliases.get(kname))
         for ln in launches:
             if ln.kernel == kname and ln.kind == "kernel":
                 for p in params:
@@ -618,24 +631,29 @@ def _library_launch(lib: str, args: list, kwargs: dict, w: _Wrapper, env: dict,
 
 
 class _AddOffset(ast.NodeTransformer):
-    def __init__(self, params):
-        self.params = set(params)
+    def __init__(self, params, aliases):
+        self.base = {p: p for p in params} | dict(aliases)  # param -> the pointer it offsets
 
     def visit_Name(self, node):
-        if node.id in self.params and isinstance(node.ctx, ast.Load):
-            return ast.copy_location(ast.BinOp(ast.Name(node.id, ast.Load()), ast.Add(),
+        if node.id in self.base and isinstance(node.ctx, ast.Load):
+            return ast.copy_location(ast.BinOp(ast.Name(self.base[node.id], ast.Load()), ast.Add(),
                                                ast.Name(f"{node.id}_KFOFF", ast.Load())), node)
         return node
 
 
-def _offset_pointers(k: SeedKernel, params: list[str]) -> None:
+def _offset_pointers(k: SeedKernel, params: list[str], aliases: dict | None = None) -> None:
     """Pointer params handed a view at an offset (a `cat` writing the second half of its
-    output) get a constexpr `<param>_KFOFF` added wherever the kernel uses them."""
+    output) get a constexpr `<param>_KFOFF` added wherever the kernel uses them. A param in
+    `aliases` was handed the same buffer as an earlier one: it goes, and its uses become that
+    param plus its own offset."""
+    aliases = aliases or {}
     tree = ast.parse(k.source)
     for fdef in tree.body:
         if isinstance(fdef, ast.FunctionDef) and fdef.name == k.name:
-            _AddOffset(params).visit(fdef)
-            for p in params:
+            _AddOffset(params, aliases).visit(fdef)
+            fdef.args.args = [a for a in fdef.args.args if a.arg not in aliases]
+            k.params = [p for p in k.params if p not in aliases]
+            for p in list(params) + sorted(aliases):
                 fdef.args.args.append(ast.arg(f"{p}_KFOFF", ast.parse("tl.constexpr", mode="eval").body))
                 k.params.append(f"{p}_KFOFF")
                 k.constexprs.append(f"{p}_KFOFF")
