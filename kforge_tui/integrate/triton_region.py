@@ -115,7 +115,9 @@ class TritonKernel(KernelSpec):
 
         fakes = self.fake_inputs(vals)
         try:
-            gm = make_fx(torch.func.functionalize(call, remove="mutations_and_views"))(*fakes)
+            # views stay views: functionalised away they become *_copy ops, which Inductor lowers
+            # to copy kernels (a seed's mm on a transposed weight copied the weight every call)
+            gm = make_fx(torch.func.functionalize(call, remove="mutations"))(*fakes)
         except Exception as e:  # noqa: BLE001 - Python in kforge_launch a trace cannot follow
             raise TritonLoadError(f"{self.task_id}: its kforge_launch cannot be traced into the graph: "
                                   f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
@@ -128,9 +130,51 @@ class TritonKernel(KernelSpec):
             raise TritonLoadError(f"{self.task_id}: its kforge_launch launched no Triton kernel in the trace")
         _inputs_are_read_only(gm, hops)
         _no_written_aliases(gm, hops, self.task_id)
+        _fresh_scatters_are_views(gm)
         for n in hops:  # the strides it was verified on, which Inductor then hands over exactly
             n.meta["eager_input_vals"] = ((), torch.utils._pytree.tree_map(_fake, dict(n.kwargs)))
         return gm
+
+
+def _contiguous_strides(shape) -> list[int]:
+    out, acc = [], 1
+    for n in reversed(list(shape)):
+        out.append(acc)
+        acc *= max(int(n), 1)
+    return out[::-1]
+
+
+def _fresh_scatters_are_views(gm: fx.GraphModule) -> None:
+    """`torch.mm(a, b, out=outputs[0].as_strided(...))` (a GEMM seed's library call into its
+    output at the call's shape) is, functionalised, an `as_strided_scatter` of mm's result into
+    a fresh empty buffer: a copy kernel of the whole output in the model. Where the buffer has
+    no other use, the scatter covers it in order (both row-major, same size) and the result is
+    contiguous, the scattered buffer is the result itself reshaped: a view, no copy."""
+    changed = False
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target is not torch.ops.aten.as_strided_scatter.default:
+            continue
+        base, src, size, stride = n.args[:4]
+        offset = n.args[4] if len(n.args) > 4 else n.kwargs.get("storage_offset")
+        if not (isinstance(base, fx.Node) and base.target is torch.ops.aten.empty_strided.default
+                and len(base.users) == 1 and isinstance(src, fx.Node)):
+            continue
+        b, v = base.meta.get("val"), src.meta.get("val")
+        if not (isinstance(b, torch.Tensor) and isinstance(v, torch.Tensor)) or offset:
+            continue
+        if not (b.is_contiguous() and v.is_contiguous() and b.dtype == v.dtype and b.numel() == v.numel()
+                and list(size) == list(v.shape) and list(stride) == _contiguous_strides(size)):
+            continue
+        with gm.graph.inserting_before(n):
+            view = gm.graph.call_function(torch.ops.aten.view.default, (src, list(b.shape)))
+        view.meta["val"] = v.view(b.shape)
+        n.replace_all_uses_with(view)
+        gm.graph.erase_node(n)
+        gm.graph.erase_node(base)
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
 
 
 def _no_written_aliases(gm: fx.GraphModule, hops: list, task_id: str) -> None:
