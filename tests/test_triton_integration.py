@@ -168,7 +168,10 @@ def kforge_launch(inputs, outputs):
 def _traced(k, task):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode():
+    from kforge_tui.sandbox.triton_loader import libdevice_as_installed
+
+    # other tests of this process may have run candidates under the interpreter (its libdevice)
+    with FakeTensorMode(), libdevice_as_installed():
         return k.subgraph([torch.empty_strided(s, st, dtype=dt) for s, dt, st in k.inputs])
 
 

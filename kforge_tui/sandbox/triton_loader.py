@@ -271,14 +271,35 @@ def _interpreter_libdevice() -> None:
             mods.append(importlib.import_module(name))
         except ImportError:
             continue
+    shims = {**{k: wrap(fn, "int" if k == "llrint" else "unary") for k, fn in unary.items()},
+             **{k: wrap(fn, "binary") for k, fn in binary.items()},
+             **{k: wrap(fn, "pred") for k, fn in predicates.items()}}
     for m in mods:
-        for k, fn in unary.items():
-            setattr(m, k, wrap(fn, "int" if k == "llrint" else "unary"))
-        for k, fn in binary.items():
-            setattr(m, k, wrap(fn, "binary"))
-        for k, fn in predicates.items():
-            setattr(m, k, wrap(fn, "pred"))
+        for k, shim in shims.items():
+            _SHIMS.append((m, k, getattr(m, k, None), shim))
+            setattr(m, k, shim)
     _SHIMMED = True
+
+
+_SHIMS: list = []  # (module, name, Triton's own, the interpreter's body): what the shim replaced
+
+
+@contextmanager
+def libdevice_as_installed():
+    """Triton's own libdevice in the block, the interpreter's bodies after it: a kernel traced
+    into a graph (wrap_triton) hashes the functions it references, and a shim is no function
+    of Triton's. Only a process that ran candidates under the interpreter (the CPU tests) has
+    anything to swap."""
+    for m, k, own, _ in _SHIMS:
+        if own is None:
+            m.__dict__.pop(k, None)  # a name the shim added
+        else:
+            setattr(m, k, own)
+    try:
+        yield
+    finally:
+        for m, k, _, shim in _SHIMS:
+            setattr(m, k, shim)
 
 
 def load(source: str, cand_dir: str | Path, *, check: bool = True,
