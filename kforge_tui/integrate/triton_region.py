@@ -136,14 +136,6 @@ class TritonKernel(KernelSpec):
         return gm
 
 
-def _contiguous_strides(shape) -> list[int]:
-    out, acc = [], 1
-    for n in reversed(list(shape)):
-        out.append(acc)
-        acc *= max(int(n), 1)
-    return out[::-1]
-
-
 def _fresh_scatters_are_views(gm: fx.GraphModule) -> None:
     """`torch.mm(a, b, out=outputs[0].as_strided(...))` (a GEMM seed's library call into its
     output at the call's shape) is, functionalised, an `as_strided_scatter` of mm's result into
@@ -163,7 +155,8 @@ def _fresh_scatters_are_views(gm: fx.GraphModule) -> None:
         if not (isinstance(b, torch.Tensor) and isinstance(v, torch.Tensor)) or offset:
             continue
         if not (b.is_contiguous() and v.is_contiguous() and b.dtype == v.dtype and b.numel() == v.numel()
-                and list(size) == list(v.shape) and list(stride) == _contiguous_strides(size)):
+                and list(size) == list(v.shape)
+                and torch.empty_strided(size, stride, device="meta").is_contiguous()):
             continue
         with gm.graph.inserting_before(n):
             view = gm.graph.call_function(torch.ops.aten.view.default, (src, list(b.shape)))

@@ -64,9 +64,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise the same result (NaN where NaN)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    if torch.equal(a, b):
-        return True
-    return a.is_floating_point() and bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
 
 
 class CandidateError(Exception):

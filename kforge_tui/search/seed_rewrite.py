@@ -594,7 +594,7 @@ def rewrite(wrapper: str, task: Task, input_order: list | None, chosen: dict | N
 
 
 def _library_launch(lib: str, args: list, kwargs: dict, w: _Wrapper, env: dict,
-                    layout: dict, named: dict | None = None) -> SeedLaunch:
+                    layout: dict, named: dict) -> SeedLaunch:
     """`extern_kernels.mm(a, reinterpret_tensor(w, (k, n), (1, k), 0), out=buf)` -> the same
     call on the candidate's tensors, a view written as `.as_strided(size, stride)`.
 
@@ -603,7 +603,6 @@ def _library_launch(lib: str, args: list, kwargs: dict, w: _Wrapper, env: dict,
     call gets a view: `mm(out=outputs[0])` with outputs[0] [8, 512, 6912] would resize the
     output tensor to [4096, 6912], harmless in memory but, traced into the model's graph, an
     output of the wrong shape (gemma's linear+gelu, H100 2026-12-06)."""
-    named = named or layout
     def expr(node) -> str:
         if isinstance(node, ast.Constant):
             return repr(node.value)
@@ -619,15 +618,17 @@ def _library_launch(lib: str, args: list, kwargs: dict, w: _Wrapper, env: dict,
         shape, stride, _ = layout[r.root]
         want = (tuple(r.size), tuple(r.stride)) if r.size is not None else (tuple(shape), tuple(stride))
         have = named.get(r.root, layout[r.root])[:2]
-        if tuple(int(x) for x in want[0]) == tuple(have[0]) and \
-                tuple(int(x) for x in want[1]) == tuple(have[1]):
+        if _ints(want[0]) == _ints(have[0]) and _ints(want[1]) == _ints(have[1]):
             return base
-        size = "(" + ", ".join(str(int(x)) for x in want[0]) + ("," if len(want[0]) == 1 else "") + ")"
-        strd = "(" + ", ".join(str(int(x)) for x in want[1]) + ("," if len(want[1]) == 1 else "") + ")"
-        return f"{base}.as_strided({size}, {strd})"
+        return f"{base}.as_strided({_ints(want[0])}, {_ints(want[1])})"
 
     return SeedLaunch(lib, [expr(a) for a in args], {}, kind="library",
                       kwargs={k: expr(v) for k, v in kwargs.items()})
+
+
+def _ints(xs) -> str:
+    """A tuple literal of ints: `(8, 24)`, `(8,)`."""
+    return repr(tuple(int(x) for x in xs))
 
 
 class _AddOffset(ast.NodeTransformer):
