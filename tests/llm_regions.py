@@ -134,6 +134,18 @@ def moe_router():
     return f, (torch.randn(B * S, 8),)
 
 
+def moe_sort():
+    """Grouped-GEMM expert dispatch (transformers' grouped_mm_experts_forward): the flattened
+    top-k expert ids sorted, for the permutation that groups tokens by expert. Inductor runs
+    aten.sort for it at qwen_moe's size (4096 tokens × top-8): node zero is that call into the
+    outputs. (Short rows get Inductor's bitonic Triton sort instead, which only a GPU runs:
+    the interpreter cannot.)"""
+    def f(top_k_index):
+        return torch.sort(top_k_index.reshape(-1))
+
+    return f, (torch.randint(0, 128, (4096, 8)),)
+
+
 def moe_expert_act():
     """The experts' gated activation on the grouped projection: padding rows masked out, the
     gate and up halves by chunk, silu(gate) * up."""
@@ -172,7 +184,7 @@ def residual_rms_norm():
 
 
 FIXTURES = {f.__name__: f for f in (rope_tables, rope_apply, qk_norm_rope, causal_mask, sliding_mask,
-                                     masked_softmax, moe_router, moe_expert_act, repeat_kv,
+                                     masked_softmax, moe_router, moe_sort, moe_expert_act, repeat_kv,
                                      residual_rms_norm)}
 
 

@@ -248,6 +248,10 @@ def test_static_rule(rule):
     (with_launcher("    b = __builtins__\n    return 0\n"), "dunder"),
     (with_launcher("    p = inputs[0]._cdata\n    return 0\n"), "dunder"),
     (with_launcher("    return 0\n", kernel_extra="    c = tl.core\n"), "module-attribute"),
+    (with_launcher("    return 0\n", kernel_extra="    c = tl.core.tensor\n"), "module-attribute"),
+    # tl.constexpr(...) defaults only where the compiler reads them (a @triton.jit function)
+    (HONEST + "\n\ndef helper(x, memo=tl.constexpr(0)):\n    return x\n", "function-state"),
+    (HONEST + "\n\n@triton.jit\ndef helper(x, memo=tl.constexpr([])):\n    return x\n", "function-state"),
     (with_launcher("    triton.knobs.cache.dir = 'x'\n    return 0\n"), "attribute-state"),
     (with_launcher("    k = softmax_rows.fn\n    return 0\n"), "host-code"),
     (with_launcher("    s = inputs[0].sum()\n    return 0\n"), "torch-use"),

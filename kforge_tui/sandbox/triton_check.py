@@ -91,6 +91,11 @@ _TRITON_ATTRS = {"jit", "autotune", "heuristics", "Config", "cdiv", "next_power_
 # Submodules of triton.language: internals (core, semantic, standard) are not the language.
 _TL_SUBMODULES = {"core", "extra", "math", "random", "standard", "target_info", "semantic",
                   "tensor_descriptor", "extra_libdevice"}
+# The one name of tl.core that kernels need: Inductor's own sort helpers
+# (triton_helpers._compare_and_swap_with_index) bitcast keys with
+# `tl.core.get_int_dtype(bitwidth, signed)`, a constexpr function from two numbers to a dtype
+# that the compiler evaluates; nothing of it reaches the host or Triton's state.
+_TL_CORE_NAMES = {"get_int_dtype"}
 _TORCH_DTYPES = {"float32", "float16", "bfloat16", "float64", "float", "half", "double", "int64",
                  "int32", "int16", "int8", "uint8", "bool", "long", "int", "short",
                  "float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"}
@@ -279,6 +284,20 @@ class _Checker:
     def _is_kernel(self, fn: ast.FunctionDef) -> bool:
         return any(self._decorator_kind(d) == "jit" for d in fn.decorator_list)
 
+    def _constexpr_literal(self, node) -> bool:
+        """`tl.constexpr(False)`: a default of a @triton.jit function that Inductor's own helpers
+        write (triton_helpers.sort_with_index). The compiler reads it; the body never runs as
+        Python, so no call can keep state in it."""
+        if not (isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords
+                and isinstance(node.args[0], ast.Constant)):
+            return False
+        c = _chain(node.func)
+        if c is None:
+            return False
+        root, attrs = c
+        path = ".".join([self.mods.get(root, root), *attrs])
+        return path in ("triton.language.constexpr", "tl.constexpr") and root in self.mods
+
     def _decorator_kind(self, d) -> str | None:
         target = d.func if isinstance(d, ast.Call) else d
         c = _chain(target)
@@ -438,7 +457,10 @@ class _Checker:
                 self.add(node, f"parameter `{node.arg}` shadows an imported module", "shadowing")
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             a = node.args
+            jit = isinstance(node, ast.FunctionDef) and self._is_kernel(node)
             for dflt in [*a.defaults, *[k for k in a.kw_defaults if k is not None]]:
+                if jit and self._constexpr_literal(dflt):
+                    continue
                 if not isinstance(dflt, (ast.Constant, ast.Name, ast.Attribute, ast.Tuple,
                                          ast.UnaryOp)):
                     self.add(dflt, "mutable or computed default argument: a default is created "
@@ -677,6 +699,8 @@ def _module_path_problem(path: list[str]) -> str | None:
             return None
         if rest[0] in _TL_SUBMODULES:
             if rest[0] == "math" and len(rest) == 2 and rest[1] != "core":
+                return None
+            if rest[0] == "core" and len(rest) == 2 and rest[1] in _TL_CORE_NAMES:
                 return None
             if rest[:2] == ["extra", "libdevice"] and len(rest) == 3:
                 return None

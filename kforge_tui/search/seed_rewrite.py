@@ -285,6 +285,16 @@ LIBRARY_CALLS = {"mm", "addmm", "bmm", "baddbmm"}  # extern_kernels.f(..., out=b
 FALLBACK_OUT = {"topk": 2, "sort": 2}
 
 
+def _constant_keyword(k: ast.keyword) -> bool:
+    """A fallback's keyword the seed may pass on as written: a plain constant (`sort.stable`'s
+    `stable=False, dim=0, descending=False`), never a tensor or `out=`."""
+    v = k.value
+    if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.USub):
+        v = v.operand
+    return k.arg not in (None, "out") and isinstance(v, ast.Constant) \
+        and isinstance(v.value, (bool, int, float))
+
+
 # Library calls Inductor makes that return a new tensor it keeps (not into a buffer): no seed
 # can be written for a region holding one, whatever Inductor's kernels around it are (qwen_moe's
 # expert GEMMs: `extern_kernels._grouped_mm`, seen on the H100 on 2026-12-05).
@@ -393,10 +403,11 @@ class _Wrapper:
                 self.names[tgt.id] = self.ref(v)
             elif cn.startswith(("torch.ops.aten.", "aten.")):
                 op = cn.split("aten.", 1)[1].split(".")[0]
-                if op not in FALLBACK_OUT or v.keywords:
+                if op not in FALLBACK_OUT or not all(_constant_keyword(k) for k in v.keywords):
                     raise SeedUnsupported(f"Inductor runs PyTorch's own aten.{op} here (a fallback "
                                           "whose result a seed cannot write into its outputs)")
-                self.steps.append(("fallback", op, list(v.args), tgt.id))
+                self.steps.append(("fallback", op, list(v.args), tgt.id,
+                                   {k.arg: k.value for k in v.keywords}))
                 for i in range(FALLBACK_OUT[op]):
                     self.fallback_parts[f"{tgt.id}#{i}"] = (tgt.id, i)
             elif isinstance(v, ast.Subscript) and isinstance(v.value, ast.Name) \
@@ -526,12 +537,12 @@ def rewrite(wrapper: str, task: Task, input_order: list | None, chosen: dict | N
             launches.append(_library_launch(step[1], step[2], step[3], w, env, layout, named))
             continue
         if step[0] == "fallback":
-            _, op, args, name = step
+            _, op, args, name, kwargs = step
             outs = [env.get(f"{name}#{i}") for i in range(FALLBACK_OUT[op])]
             if not all(o and o.startswith("outputs[") for o in outs):
                 raise SeedUnsupported(f"Inductor's fallback aten.{op} feeds more of the region: only "
                                       "a result returned as it is becomes the seed's call")
-            ln = _library_launch(op, args, {}, w, env, layout, named)
+            ln = _library_launch(op, args, kwargs, w, env, layout, named)
             ln.kwargs["out"] = "(" + ", ".join(outs) + ")"
             launches.append(ln)
             continue
