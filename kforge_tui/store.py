@@ -443,6 +443,11 @@ class RunStore:
             f.update(fig)
         best, leader = f.best(), f.leader()
         ref, comp = f.reference("eager"), f.reference("compiled")
+        # node zero (Inductor's own kernel, search/node_zero.py): the search's start, on the clock
+        # of every other candidate
+        from kforge_tui.search.node_zero import ACTION as SEED_ACTION
+
+        seed = next((g for g in figures if g.action == SEED_ACTION and g.status == "ok"), None)
         ref_json = lambda x: {"median_us": x.median_us, "spread": x.spread, "n": x.n, "clock": x.clock}  # noqa: E731
         return {"task_id": r["task_id"], "op": r["op"], "shape": _loads(r["shape"]),
                 "dtype": r["dtype"], "task": task, "budget": r["budget"],
@@ -460,6 +465,7 @@ class RunStore:
                 "floor_us": base.get("floor_us") if isinstance(base, dict) else None,
                 "control": control.get(r["task_id"], {}), "seq": r["seq"],
                 "best_lang": self._lang_of(best.node_id, task) if best else None,  # the winner's language
+                "seed_node": seed.node_id if seed else None, "seed_us": seed.time_us if seed else None,
                 # what the figures measure: "device" (cuda event time, host kept ahead) or "wall"
                 "clock": ((base.get("compiled") or base.get("eager") or {}).get("clock") or None)
                 if isinstance(base, dict) else None}

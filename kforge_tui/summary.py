@@ -74,6 +74,7 @@ def show_json(run_dir: str, store=None) -> dict:
                 "baseline_clock": ref["clock"], "compiled_us": comp["median_us"],
                 "compiled_spread": comp["spread"], "compiled_clock": comp["clock"],
                 "floor_us": t.get("floor_us"), "best_us": best_us, "best_spread": t.get("best_spread"),
+                "seed_us": t.get("seed_us"), "seed_node": t.get("seed_node"), "best_lang": t.get("best_lang"),
                 "speedup": t.get("speedup"), "speedup_vs_compile": t.get("speedup_vs_compile"),
                 "verified": bool(t.get("verified")), "best_node": t.get("best_node"),
                 "leader_node": t.get("leader_node"), "noisy_leader": t.get("noisy_leader"),

@@ -95,6 +95,12 @@ def test_node_zero_is_inductors_kernel_and_goes_to_the_triton_workers(tmp_path):
     assert ev.seen[0] == ("baseline", "triton")
     assert ev.seen[1][1] == "triton" and "Inductor" in ev.seen[1][0]
     assert t["evaluated"] == 2 and t["best_lang"] in ("triton", "cpu")
+    # the region table's seed column: node zero's own time, on the candidates' clock
+    assert first["status"] == "ok" and t["seed_node"] == first["id"] and t["seed_us"] == first["time_us"] > 0
+    from kforge_tui.summary import show_json
+
+    (shown,) = show_json(str(run))["tasks"]
+    assert (shown["seed_us"], shown["seed_node"], shown["best_lang"]) == (t["seed_us"], first["id"], t["best_lang"])
 
 
 class _OneIdeaFor(ScriptedProposer):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
-REGION_COLUMNS = ["run", "region", "shape", "dtype", "evaluated", "eager_us", "compile_us", "best_us", "floor_us",
-                  "x_eager", "x_compile", "best/floor", "verified"]
+REGION_COLUMNS = ["run", "region", "shape", "dtype", "evaluated", "eager_us", "compile_us", "seed_us", "best_us",
+                  "floor_us", "x_eager", "x_compile", "seed/compile", "best/floor", "best_lang", "verified"]
 MODEL_COLUMNS = ["model", "inductor_mode", "mode", "eager_ms", "compile_ms", "kforge_ms", "vs_eager", "vs_compile",
                  "spread", "db_vs_compile", "clock/db", "kept", "within_tol"]
 
@@ -33,10 +33,12 @@ def show(ctx, name: str) -> list[dict]:
     rows = []
     for t in json.loads(r.stdout)["tasks"]:
         e, c, b, f = t.get("baseline_us"), t.get("compiled_us"), t.get("best_us"), t.get("floor_us")
+        sd = t.get("seed_us")  # node zero, Inductor's own kernel on the sandbox's clock
         rows.append({"run": name, "region": t["op"], "shape": t["shape"], "dtype": t["dtype"],
                      "evaluated": f"{t.get('evaluated')}/{t.get('budget')}", "eager_us": e, "compile_us": c,
-                     "best_us": b, "floor_us": f, "x_eager": _ratio(e, b), "x_compile": _ratio(c, b),
-                     "best/floor": _ratio(b, f), "verified": t.get("verified")})
+                     "seed_us": sd, "best_us": b, "floor_us": f, "x_eager": _ratio(e, b), "x_compile": _ratio(c, b),
+                     "seed/compile": _ratio(sd, c), "best/floor": _ratio(b, f), "best_lang": t.get("best_lang"),
+                     "verified": t.get("verified")})
     return rows
 
 
