@@ -93,6 +93,7 @@ async def test_gpu_the_runner_loads_what_was_compiled_ahead(tmp_path, monkeypatc
         st = r.stage_s
         print(f"\ncompile ahead {st.get('compile_ahead')}, runner's first call {st.get('jit')}, compile_s {r.compile_s}")
         assert pool._precompiler.stats["compiled"] == 1 and st.get("compile_ahead")
+        assert pool._precompiler.warm.get("ok"), pool._precompiler.warm  # compiled once before forking
         assert st["jit"] < 0.5 * r.compile_s, st
         assert not list((tmp_path / "triton" / "pre").iterdir())  # discarded after its evaluation
         bad = src.replace("tl.store(y_ptr + row * n_cols + offs,", "tl.store(y_ptr + row * n_cols + offs + 1,")

@@ -297,6 +297,8 @@ class EvaluatorPool:
                 self._idle.put_nowait(w)
             if self.arch is None:
                 self.arch = ws[0].info.get("arch") or ("native" if self.device_kind == "cpu" else None)
+            if self._precompiler is not None:
+                self._precompiler.arch = self.arch
             self._started = True
 
     async def close(self) -> None:
