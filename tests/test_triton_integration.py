@@ -235,3 +235,15 @@ def test_a_gemm_seed_traces_to_the_library_call_and_its_kernel_with_no_copy(tmp_
     assert not copies, copies
     (out,) = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
     assert tuple(out.meta["val"].shape) == (2, 4, 24) and tuple(out.meta["val"].stride()) == k.outputs[0][2]
+
+
+def test_a_fallback_seed_is_not_integrated_it_is_what_the_model_runs(tmp_path):
+    """qwen_moe's dispatch sort: node zero is `torch.sort(..., out=outputs)`, Inductor's own
+    fallback call. There is no Triton kernel to inline, and nothing to gain: refused, saying so."""
+    from kforge_tui.regions.build import task_of
+    from kforge_tui.search import inductor_seed
+
+    task = task_of(lambda x: torch.sort(x.reshape(-1)), (torch.randint(0, 128, (4096, 8)),), backend="triton")
+    k = _kernel(tmp_path, inductor_seed.generate(task, "cpu").render(), task, "cpu")
+    with pytest.raises(TritonLoadError, match="PyTorch's own call only"):
+        _traced(k, task)
