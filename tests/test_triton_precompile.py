@@ -53,9 +53,10 @@ async def test_a_server_that_cannot_start_leaves_the_compile_to_the_worker(tmp_p
     assert cache is None and rep["error"] == pre.dead
 
 
-def test_only_a_pool_that_compiles_on_a_gpu_compiles_ahead_and_only_when_asked(tmp_path, monkeypatch):
+def test_only_a_pool_that_compiles_on_a_gpu_compiles_ahead_unless_told_not_to(tmp_path, monkeypatch):
     monkeypatch.delenv("KFORGE_TRITON_COMPILE_AHEAD", raising=False)
-    assert EvaluatorPool("triton", cache_dir=tmp_path, device="cuda")._precompiler is None  # off by default
+    assert EvaluatorPool("triton", cache_dir=tmp_path, device="cuda")._precompiler is not None  # on by default
+    assert EvaluatorPool("triton", cache_dir=tmp_path, device="cpu")._precompiler is None
     monkeypatch.setenv("KFORGE_TRITON_COMPILE_AHEAD", "1")
     assert EvaluatorPool("triton", cache_dir=tmp_path, device="cpu")._precompiler is None
     assert EvaluatorPool("cuda", cache_dir=tmp_path, device="cuda")._precompiler is None
@@ -85,7 +86,7 @@ async def test_gpu_the_runner_loads_what_was_compiled_ahead(tmp_path, monkeypatc
 
     src = (Path(__file__).parent / "cheats" / "triton" / "_honest_softmax.py").read_text()
     task = task_of(lambda x: torch.softmax(x, -1), (torch.randn(4096, 1024),), backend="triton")
-    monkeypatch.setenv("KFORGE_TRITON_COMPILE_AHEAD", "1")  # off by default
+    monkeypatch.delenv("KFORGE_TRITON_COMPILE_AHEAD", raising=False)  # on by default
     async with EvaluatorPool("triton", cache_dir=tmp_path, eval_timeout_s=120) as pool:
         await pool.baseline(task.to_json(), str(tmp_path))
         r = await pool.evaluate(task.to_json(), str(tmp_path), src)
