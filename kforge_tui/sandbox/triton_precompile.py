@@ -153,6 +153,7 @@ def warm(arch: str | None, warm_dir: str | None) -> dict:
     m = re.fullmatch(r"sm_(\d+)a?", arch or "")
     if not m:
         return {"ok": False, "seconds": 0.0, "error": f"no CUDA target to compile for ({arch!r})"}
+    cache_env = os.environ.get("TRITON_CACHE_DIR")
     try:
         if warm_dir:  # cuda_utils (the driver's C module) from the runners' shared cache
             os.makedirs(warm_dir, exist_ok=True)
@@ -181,10 +182,14 @@ def warm(arch: str | None, warm_dir: str | None) -> dict:
         with tempfile.TemporaryDirectory(prefix="kf-warm-") as tmp:
             os.environ["TRITON_CACHE_DIR"] = tmp
             _kforge_warm.warmup(torch.empty(16, device="meta"), 16, B=16, SALT=os.getpid(), grid=(1,))
-        os.environ.pop("TRITON_CACHE_DIR", None)
     except Exception as e:  # noqa: BLE001 - a cold start is slower, never wrong
         return {"ok": False, "seconds": time.perf_counter() - t0,
                 "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+    finally:  # each child names its own cache directory
+        if cache_env is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = cache_env
     threads = len(os.listdir("/proc/self/task"))
     out = {"ok": threads <= before, "seconds": time.perf_counter() - t0, "threads": threads}
     if threads > before:  # a thread pool would be dead in every child: say so, they may hang
