@@ -53,6 +53,19 @@ async def test_a_server_that_cannot_start_leaves_the_compile_to_the_worker(tmp_p
     assert cache is None and rep["error"] == pre.dead
 
 
+async def test_a_server_that_cannot_warm_up_leaves_the_compile_to_the_worker(tmp_path):
+    """A target the warm-up cannot compile for (not a CUDA one): cold children would be slower
+    than the runner's own JIT, so nothing is compiled ahead, and the reason is kept."""
+    pre = triton_precompile.Precompiler(tmp_path / "cache", arch="gfx90a")
+    try:
+        cache, rep = await pre.compile(str(tmp_path / "x.py"), META, META)
+        assert cache is None and "warm-up failed" in rep["error"] and pre.dead, rep
+        assert pre.warm and not pre.warm["ok"] and pre.warm["error"], pre.warm
+        assert pre.proc is None  # the server is gone: no child is ever forked cold
+    finally:
+        await pre.close()
+
+
 def test_only_a_pool_that_compiles_on_a_gpu_compiles_ahead_unless_told_not_to(tmp_path, monkeypatch):
     monkeypatch.delenv("KFORGE_TRITON_COMPILE_AHEAD", raising=False)
     assert EvaluatorPool("triton", cache_dir=tmp_path, device="cuda")._precompiler is not None  # on by default

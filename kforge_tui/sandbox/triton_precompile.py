@@ -330,6 +330,10 @@ class Precompiler:
                 if not ready.get("ready"):
                     raise RuntimeError("no ready line")
                 self.warm = ready.get("warm") or {}
+                if self.arch and not self.warm.get("ok"):
+                    # cold children compile slower than the runner's own JIT (1.5 s against
+                    # 0.23 s a candidate, H100 2026-12-06): then leave the JIT to the runner
+                    raise RuntimeError(f"its warm-up failed: {self.warm.get('error', 'no reason given')}")
             except Exception as e:  # noqa: BLE001
                 self.dead = f"compile-ahead server did not start: {type(e).__name__}: {e}"[:300]
                 await self.close()
