@@ -117,14 +117,6 @@ def _warm_triton(backend, cache_dir: str | None) -> str:
         os.environ["TRITON_CACHE_DIR"] = cache_dir
     try:
         _import_triton()
-        import triton
-        import triton.language as tl
-
-        @triton.jit
-        def _kforge_warm(p, n, B: tl.constexpr, SALT: tl.constexpr):
-            o = tl.arange(0, B)
-            tl.store(p + o, o.to(tl.float32) * 2.0 + SALT * 0.0, o < n)
-
         from kforge_tui.sandbox import triton_loader
         from kforge_tui.sandbox.triton_loader import TorchOpGuard
 
@@ -136,7 +128,7 @@ def _warm_triton(backend, cache_dir: str | None) -> str:
         salt = 0 if triton_loader.interpreting() else os.getpid()
         x = torch.zeros(16, device=backend.device)
         with backend.stream_context(), TorchOpGuard(os.devnull).mode():  # the guarded path, warm
-            _kforge_warm[(1,)](x, 16, B=16, SALT=salt)
+            triton_loader.warm_kernel()[(1,)](x, 16, B=16, SALT=salt)
             backend.sync()
         return ""
     except Exception as e:  # noqa: BLE001

@@ -171,6 +171,24 @@ class TorchOpGuard:
         return _Mode()
 
 
+# ------------------------------------------------------------------ warm-up kernel
+
+def warm_kernel():
+    """The one tiny kernel our own processes compile before any candidate: the runner (for
+    real, on its device) and the compile-ahead server (for a target, no device). `SALT` is the
+    caller's pid, so the compile is never a cache hit and Triton's backend, LLVM, MLIR and
+    libdevice linking (`tl.exp`) are all set up by it."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _kforge_warm(p, n, B: tl.constexpr, SALT: tl.constexpr):
+        o = tl.arange(0, B)
+        tl.store(p + o, tl.exp(o.to(tl.float32)) * 2.0 + SALT * 0.0, o < n)
+
+    return _kforge_warm
+
+
 # ------------------------------------------------------------------ interpreter support (CI)
 
 def interpreting() -> bool:

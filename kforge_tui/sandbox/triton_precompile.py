@@ -161,8 +161,6 @@ def warm(arch: str | None, warm_dir: str | None) -> dict:
         import tempfile
 
         import torch
-        import triton
-        import triton.language as tl
         from triton.backends.compiler import GPUTarget
         from triton.backends.nvidia.driver import CudaDriver
         from triton.runtime import driver
@@ -174,14 +172,11 @@ def warm(arch: str | None, warm_dir: str | None) -> dict:
         active.get_current_stream = lambda device=None: 0
         driver.set_active(active)
 
-        @triton.jit
-        def _kforge_warm(p, n, B: tl.constexpr, SALT: tl.constexpr):
-            o = tl.arange(0, B)
-            tl.store(p + o, tl.exp(o.to(tl.float32)) * 2.0 + SALT * 0.0, o < n)
+        from kforge_tui.sandbox.triton_loader import warm_kernel
 
         with tempfile.TemporaryDirectory(prefix="kf-warm-") as tmp:
             os.environ["TRITON_CACHE_DIR"] = tmp
-            _kforge_warm.warmup(torch.empty(16, device="meta"), 16, B=16, SALT=os.getpid(), grid=(1,))
+            warm_kernel().warmup(torch.empty(16, device="meta"), 16, B=16, SALT=os.getpid(), grid=(1,))
     except Exception as e:  # noqa: BLE001 - a cold start is slower, never wrong
         return {"ok": False, "seconds": time.perf_counter() - t0,
                 "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
@@ -333,7 +328,10 @@ class Precompiler:
                 if self.arch and not self.warm.get("ok"):
                     # cold children compile slower than the runner's own JIT (1.5 s against
                     # 0.23 s a candidate, H100 2026-12-06): then leave the JIT to the runner
-                    raise RuntimeError(f"its warm-up failed: {self.warm.get('error', 'no reason given')}")
+                    self.dead = ("compile-ahead server not used (the runner compiles): its warm-up "
+                                 f"failed: {self.warm.get('error', 'no reason given')}")[:300]
+                    await self.close()
+                    return False
             except Exception as e:  # noqa: BLE001
                 self.dead = f"compile-ahead server did not start: {type(e).__name__}: {e}"[:300]
                 await self.close()
