@@ -39,7 +39,7 @@ def _np2(n: int) -> int:
 
 def _space() -> dict:
     return {"BLOCK_M": (16, 32, 64, 128), "BLOCK_N": (16, 32, 64, 128), "BLOCK_D": (16, 32, 64, 128),
-            "BLOCK_DV": (16, 32, 64, 128, 256, 512), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3),
+            "BLOCK_DV": (16, 32, 64, 128, 256, 512, 1024), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3),
             "precision": PRECISIONS}
 
 
@@ -65,14 +65,23 @@ def _valid(ai: AttnInfo, p: dict) -> bool:
 
 
 def _default(ai: AttnInfo) -> dict:
+    """Few head-dim splits first (each one recomputes every score: at Ev 1024 in slices of 128
+    the scores' FLOPs are 8x), then the rows a program holds: the output tile BLOCK_M x
+    BLOCK_DV stays near 16K float32 values over 8 warps."""
     half = ai.dtype in HALVES
-    bdv = min(_np2(ai.Ev), 256 if half else 128)
+    bdv = max(16, min(_np2(ai.Ev), 512))
     bm = 64 if bdv <= 128 else 32
     if ai.L <= 32:
         bm = 16
-    return {"BLOCK_M": bm, "BLOCK_N": 64 if half else 32, "BLOCK_D": min(max(16, _np2(ai.E)), 64),
-            "BLOCK_DV": max(16, bdv), "num_warps": 8 if bm * bdv >= 64 * 128 else 4,
-            "num_stages": 2, "precision": "tf32x3"}
+    base = {"BLOCK_M": bm, "BLOCK_N": 64 if half and bdv <= 128 else 32,
+            "BLOCK_D": min(max(16, _np2(ai.E)), 64), "BLOCK_DV": bdv,
+            "num_warps": 8 if bm * bdv >= 64 * 128 else 4, "num_stages": 2, "precision": "tf32x3"}
+    for w in (base["num_warps"], 8):  # more warps before smaller tiles
+        for bn in (base["BLOCK_N"], 32, 16):
+            p = {**base, "num_warps": w, "BLOCK_N": bn}
+            if _valid(ai, p):
+                return p
+    return base
 
 
 def _i(x: int) -> str:
