@@ -105,6 +105,18 @@ def silu_mul_bf16():
     return _SiluMul().to(DEV), (_randn(8192, 2 * 8192, dtype=torch.bfloat16),)
 
 
+class _Attention(nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+def sdpa_sd35_vae_f32():
+    """SD3.5 VAE's mid-block self-attention: one head of dim 512 over the 128x128 latent, float32
+    (no fused PyTorch kernel has a tensor-core path there). Not in the zoo (no Liger rival):
+    `python -m bench regions --cases sdpa_sd35_vae_f32 --no-quality`."""
+    return _Attention().to(DEV), tuple(_randn(1, 1, 16384, 512) for _ in range(3))
+
+
 # case -> (op searched, floor note)
 CASES = {
     "pool_resnet50": "adaptive_avg_pool2d",
