@@ -176,8 +176,8 @@ class TorchOpGuard:
 def warm_kernel():
     """The one tiny kernel our own processes compile before any candidate: the runner (for
     real, on its device) and the compile-ahead server (for a target, no device). `SALT` is the
-    caller's pid, so the compile is never a cache hit and Triton's backend, LLVM, MLIR and
-    libdevice linking (`tl.exp`) are all set up by it."""
+    caller's pid, so the compile is never a cache hit and Triton's backend, LLVM and MLIR are
+    all set up by it."""
     import triton
     import triton.language as tl
 
