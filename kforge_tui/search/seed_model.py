@@ -138,7 +138,7 @@ class Seed:
             meta.update(ln.extra)
             for c, (how, expr) in k.derived.items():
                 if how == "np2":
-                    meta[c] = _np2(_eval_int(expr, meta))
+                    meta[c] = np2(_eval_int(expr, meta))
             grid = compute_grid(k, ln.numels, meta)
             args = ", ".join(str(a) for a in ln.args)
             kw = [f"{c}={meta[c]!r}" for c in k.constexprs if c in meta]
@@ -220,7 +220,8 @@ def _eval_int(expr: str, env: dict) -> int:
     return ev(ast.parse(expr, mode="eval").body)
 
 
-def _np2(n: int) -> int:
+def np2(n: int) -> int:
+    """The next power of two >= n (1 for n <= 1): Triton's block sizes."""
     return 1 << max(0, int(n) - 1).bit_length()
 
 
@@ -231,15 +232,15 @@ def fallback_config(k: SeedKernel, numels: dict | None = None) -> dict:
     r = int(sh.get("r0_", 1))
     kw: dict = {}
     if "XBLOCK" in k.constexprs:
-        kw["XBLOCK"] = 1 if "reduction" in k.kind and r >= 256 else min(1024, _np2(x))
+        kw["XBLOCK"] = 1 if "reduction" in k.kind and r >= 256 else min(1024, np2(x))
     if "YBLOCK" in k.constexprs:
-        kw["YBLOCK"] = min(32, _np2(sh.get("y", 32)))
+        kw["YBLOCK"] = min(32, np2(sh.get("y", 32)))
         kw["XBLOCK"] = min(32, kw.get("XBLOCK", 32))
     if "R0_BLOCK" in k.constexprs:
-        kw["R0_BLOCK"] = min(2048, _np2(r))
+        kw["R0_BLOCK"] = min(2048, np2(r))
     block = kw.get("XBLOCK", 1) * kw.get("YBLOCK", 1) * kw.get("R0_BLOCK", k.rblock_fixed or 1)
     warps = max(1, min(16, block // 256))
-    return {"kwargs": kw, "num_warps": _np2(warps), "num_stages": 1}
+    return {"kwargs": kw, "num_warps": np2(warps), "num_stages": 1}
 
 
 # ------------------------------------------------------------------------------ eviction hints

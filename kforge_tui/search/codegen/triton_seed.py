@@ -37,6 +37,7 @@ import threading
 
 from kforge_tui.regions.task import Task
 from kforge_tui.search import inductor_seed
+from kforge_tui.search.seed_model import np2
 
 POW2 = tuple(1 << i for i in range(0, 13))  # 1..4096
 RBLOCKS = tuple(1 << i for i in range(4, 15))  # 16..16384
@@ -46,10 +47,6 @@ EVICT = ("inductor", "none", "stream")
 MAX_BLOCK_ELEMS = 1 << 16  # elements one program holds per tile (registers)
 NAMES = {"default": "inductor", "looped": "inductor_looped", "nosplit": "inductor_nosplit",
          "coop": "inductor_coop"}
-
-
-def _np2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 class TritonSeedDesign:
@@ -93,7 +90,7 @@ class TritonSeedDesign:
              and c in cfg.get("kwargs", {})}
         for c in ("XBLOCK", "YBLOCK", "R0_BLOCK"):
             if c in sp and c not in d:
-                d[c] = sp[c][0] if c != "R0_BLOCK" else min(2048, _np2(self._r()))
+                d[c] = sp[c][0] if c != "R0_BLOCK" else min(2048, np2(self._r()))
         d["num_warps"] = int(cfg.get("num_warps", 4))
         d["num_stages"] = int(cfg.get("num_stages", 1))
         d["evict"] = "inductor"
@@ -124,11 +121,11 @@ class TritonSeedDesign:
             xb = p.get("XBLOCK", self._fixed.get("XBLOCK", 1))
             yb = p.get("YBLOCK", 1)
             rb = p.get("R0_BLOCK", k.rblock_fixed or 1)
-            if "XBLOCK" in self.space and xb > max(1, _np2(x)) and xb != self._default.get("XBLOCK"):
+            if "XBLOCK" in self.space and xb > max(1, np2(x)) and xb != self._default.get("XBLOCK"):
                 return False  # a tile taller than the problem
-            if "YBLOCK" in self.space and yb > max(1, _np2(y)) and yb != self._default.get("YBLOCK"):
+            if "YBLOCK" in self.space and yb > max(1, np2(y)) and yb != self._default.get("YBLOCK"):
                 return False
-            if "R0_BLOCK" in self.space and rb > max(16, _np2(r)) \
+            if "R0_BLOCK" in self.space and rb > max(16, np2(r)) \
                     and rb != self._default.get("R0_BLOCK"):
                 return False
             elems = xb * yb * rb

@@ -23,18 +23,16 @@ shared K/V heads (h // GQ), a mask broadcast over batch or heads.
 """
 from __future__ import annotations
 
+from kforge_tui.regions.meta import storage_span
 from kforge_tui.search.codegen.compute.attention import SDPA, AttnInfo, _attn_extent, attn_info
 from kforge_tui.search.codegen.compute.base import ESIZE, HALVES, analyze, cdiv
 from kforge_tui.search.codegen.kbuild import GenDesign
+from kforge_tui.search.seed_model import np2
 
 _TL = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 PRECISIONS = ("tf32x3", "ieee")  # float32 only; 16-bit dots are exact products into float32
 REG_BUDGET = 160  # float32 values a thread may hold across the tiles below (255 is the hardware cap)
 SMEM_BUDGET = 200 * 1024  # bytes of staged tiles (H100/H200: 227 KiB per block)
-
-
-def _np2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def _space() -> dict:
@@ -51,7 +49,7 @@ def _valid(ai: AttnInfo, p: dict) -> bool:
     if not _fits(ai):
         return False
     bm, bn, bd, bdv, w = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_D"], p["BLOCK_DV"], p["num_warps"]
-    if bd > max(16, _np2(ai.E)) or bdv > max(16, _np2(ai.Ev)) or bn > max(16, _np2(ai.S)):
+    if bd > max(16, np2(ai.E)) or bdv > max(16, np2(ai.Ev)) or bn > max(16, np2(ai.S)):
         return False  # a tile wider than the tensor only adds masked lanes
     if ai.dtype in HALVES and p["precision"] != PRECISIONS[0]:
         return False  # the axis means nothing for 16-bit inputs: one point of it
@@ -69,12 +67,12 @@ def _default(ai: AttnInfo) -> dict:
     the scores' FLOPs are 8x), then the rows a program holds: the output tile BLOCK_M x
     BLOCK_DV stays near 16K float32 values over 8 warps."""
     half = ai.dtype in HALVES
-    bdv = max(16, min(_np2(ai.Ev), 512))
+    bdv = max(16, min(np2(ai.Ev), 512))
     bm = 64 if bdv <= 128 else 32
     if ai.L <= 32:
         bm = 16
     base = {"BLOCK_M": bm, "BLOCK_N": 64 if half and bdv <= 128 else 32,
-            "BLOCK_D": min(max(16, _np2(ai.E)), 64), "BLOCK_DV": bdv,
+            "BLOCK_D": min(max(16, np2(ai.E)), 64), "BLOCK_DV": bdv,
             "num_warps": 8 if bm * bdv >= 64 * 128 else 4, "num_stages": 2, "precision": "tf32x3"}
     for w in (base["num_warps"], 8):  # more warps before smaller tiles
         for bn in (base["BLOCK_N"], 32, 16):
@@ -94,10 +92,9 @@ def render(task, p: dict) -> str:
     half = ai.dtype in HALVES
     prec = "" if half else f", input_precision={p['precision']!r}"
     # int64 addressing where a tensor spans past int32 (a 6 GiB KernelBench input)
-    spans = [sum((n - 1) * s for n, s in zip(t.shape, t.strides)) + getattr(t, "offset", 0) + 1
-             for t in (q, k, v, o)]
+    spans = [storage_span(t.shape, t.strides) + getattr(t, "offset", 0) for t in (q, k, v, o)]
     if ai.mask is not None:
-        spans.append(sum((n - 1) * s for n, s in zip((ai.B, ai.H, ai.L, ai.S), ai.mask_strides)) + ai.mask.offset + 1)
+        spans.append(storage_span((ai.B, ai.H, ai.L, ai.S), ai.mask_strides) + ai.mask.offset)
     wide = max(spans) >= 2 ** 31 - 1
     cast = ".to(tl.int64)" if wide else ""
     params = ["q_ptr", "k_ptr", "v_ptr"] + (["m_ptr"] if ai.mask is not None else []) + ["o_ptr"]
