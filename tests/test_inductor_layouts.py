@@ -110,6 +110,49 @@ def test_a_kernel_in_inductors_layout_adds_no_copy_and_one_in_the_traced_layout_
     assert len(theirs) > len(base), (theirs, base)
 
 
+class TwoSites(nn.Module):
+    """One group_norm+silu traced NCHW after a convolution (Inductor: channels-last) and one on
+    an input that is channels-last already: two traced layouts, one layout inside Inductor."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.n1, self.n2 = nn.Conv2d(32, 32, 3, padding=1), nn.GroupNorm(8, 32), nn.GroupNorm(8, 32)
+
+    def forward(self, x, y):
+        return nn.functional.silu(self.n1(self.c1(x))), nn.functional.silu(self.n2(y))
+
+
+def test_sites_traced_in_two_layouts_that_inductor_lays_out_alike_are_one_task(tmp_path):
+    """Found on diffusers' AutoencoderKL: the encoder's group_norms traced NCHW and the decoder's
+    channels-last were two records of one task; the search took one, its calls were half counted
+    and the kernel replaced only the sites of the record it came from."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("CPU Inductor lays convolutions out channels-last only with mkldnn")
+    torch.manual_seed(0)
+    args = (torch.randn(2, 32, 16, 16), torch.randn(2, 32, 16, 16).contiguous(memory_format=torch.channels_last))
+    traced = trace_model(LoadedModel(TwoSites().eval(), args, "two_sites", "cpu"), "cpu")
+    (rec,) = [r for r in traced.records.values() if r.task.op == "group_norm+silu"]
+    assert rec.calls == 2 and len(rec.saved) == 2
+    task = rec.task
+    assert len(task.site_keys) == 2 and task.site_key in task.site_keys
+    assert traced.record_of(task) is rec
+
+    # the kernel (zeros: this checks wiring, not values) runs at both sites, with no fallback
+    res = compile_candidate_sync(ZERO_CPP, "cpu", "native", tmp_path, 120.0, header=task.header())
+    assert res.ok, res.log
+    runtime = rt.Runtime([rt.Kernel(spec_for(task.to_json(), str(res.lib_path), {}))])
+    torch.manual_seed(0)
+    model = TwoSites().eval()
+    rt.install(model, runtime, "cpu")
+    try:
+        with torch.inference_mode():
+            a, b = model(*args)
+        assert sum(runtime.counts.values()) == 2 and runtime.fallbacks == {}, (runtime.counts, runtime.fallbacks)
+        assert not a.any() and not b.any()
+    finally:
+        rt.uninstall(model)
+
+
 # ------------------------------------------------------------------ the same on the GPU
 
 ZERO_CU = r"""#include "kforge_region.h"

@@ -25,7 +25,9 @@ def same_strides(got, want, shape) -> bool:
 class KernelSpec:
     """A verified region kernel's identity and layouts (its spec: patch.spec_for).
 
-    `site_key` is the key the graph rewrite computes (the region at the graph's own layouts);
+    `site_key` is the key the graph rewrite computes (the region at the graph's own layouts),
+    `site_keys` those of every site the kernel serves (sites traced in other layouts that
+    Inductor lays out alike);
     `key` names the kernel (the region at the layouts it was verified on: Inductor's, for a
     task whose capture found them) and is the op's argument in the graph, so two kernels for one
     site with different layouts never share a graph in Inductor's FX graph cache."""
@@ -35,6 +37,7 @@ class KernelSpec:
         self.task_id = spec["task_id"]
         self.key = spec["key"]
         self.site_key = spec.get("site_key") or spec["key"]
+        self.site_keys = tuple(spec.get("site_keys") or (self.site_key,))  # every site it serves
         self.op = spec.get("op", "")
         self.backend = spec["backend"]
         self.cuda = self.backend == "cuda"

@@ -149,7 +149,7 @@ def spec_for(task_json: dict, lib_path: str, row: dict) -> dict:
             "dtype": task.dtype, "shape": list(task.shape), "speedup": row.get("speedup"),
             "baseline_us": row.get("baseline_us"), "compiled_us": row.get("compiled_us"),
             "best_us": row.get("best_us"), "node": row.get("best_node"),
-            "calls": task.calls, "site_key": task.site_key}
+            "calls": task.calls, "site_key": task.site_key, "site_keys": list(task.site_keys)}
 
 
 def triton_spec(row: dict, cache_dir: Path) -> dict:

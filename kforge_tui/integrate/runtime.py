@@ -132,7 +132,8 @@ class Runtime:
         self.sites: dict[str, Kernel] = {}
         for k in kernels:
             self.kernels.setdefault(k.key, k)
-            self.sites.setdefault(getattr(k, "site_key", k.key), k)
+            for site in getattr(k, "site_keys", None) or (getattr(k, "site_key", k.key),):
+                self.sites.setdefault(site, k)
         self._py_counts: dict[str, int] = {k.task_id: 0 for k in kernels}
         self.fallback_counts: dict[str, int] = {}
         self.replaced: dict[str, int] = {k.task_id: 0 for k in kernels}  # region sites rewritten

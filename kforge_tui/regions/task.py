@@ -51,6 +51,10 @@ class Task:
     # are the ones Inductor hands the region inside the compiled model and differ from them
     # (regions/layout.py): {"inputs": [[...], ...], "outputs": [...]}; empty when they agree.
     traced_strides: dict = field(default_factory=dict)
+    # The traced strides of further sites that Inductor lays out as this task (a group_norm fed
+    # NCHW in the encoder and channels-last in the decoder of a VAE): the same kernel serves
+    # them all, so they are one task whose every site the graph rewrite must find.
+    more_traced_strides: tuple = ()
 
     @property
     def key(self) -> str:
@@ -60,18 +64,35 @@ class Task:
         return region_key(self.graph, [m.to_json() for m in self.inputs],
                           [m.to_json() for m in self.outputs], self.backend)
 
-    @property
-    def site_key(self) -> str:
-        """The key the graph rewrite computes for this region (at the traced layouts)."""
-        if not self.traced_strides:
+    def _key_at(self, strides: dict) -> str:
+        """The region's key with its inputs and outputs at `strides` (empty: the task's own)."""
+        if not strides:
             return self.key
         from kforge_tui.regions.graph import region_key
 
-        def metas(ms, strides):
-            return [dict(m.to_json(), stride=list(st)) for m, st in zip(ms, strides)]
+        def metas(ms, st):
+            return [dict(m.to_json(), stride=list(s)) for m, s in zip(ms, st)]
 
-        return region_key(self.graph, metas(self.inputs, self.traced_strides["inputs"]),
-                          metas(self.outputs, self.traced_strides["outputs"]), self.backend)
+        return region_key(self.graph, metas(self.inputs, strides["inputs"]),
+                          metas(self.outputs, strides["outputs"]), self.backend)
+
+    @property
+    def site_key(self) -> str:
+        """The key the graph rewrite computes for this region (at the traced layouts)."""
+        return self._key_at(self.traced_strides)
+
+    @property
+    def site_keys(self) -> tuple[str, ...]:
+        """The keys the graph rewrite computes at every site of this task, `site_key` first."""
+        return tuple(dict.fromkeys([self.site_key] + [self._key_at(st) for st in self.more_traced_strides]))
+
+    def with_sites_of(self, other: "Task") -> "Task":
+        """This task serving `other`'s sites too (the same task once laid out as Inductor lays
+        them out: `other.key == self.key`)."""
+        own = {"inputs": [list(m.strides) for m in other.inputs],
+               "outputs": [list(m.strides) for m in other.outputs]}
+        more = (other.traced_strides or own,) + tuple(other.more_traced_strides)
+        return replace(self, more_traced_strides=tuple(self.more_traced_strides) + more)
 
     def with_layouts(self, in_strides: list, out_strides: list) -> "Task":
         """This task with the inputs and outputs laid out so (Inductor's choice), remembering
@@ -150,6 +171,7 @@ class Task:
         d = {k: v for k, v in d.items() if k in known}
         d["inputs"] = tuple(TensorMeta.from_json(m) for m in d["inputs"])
         d["outputs"] = tuple(TensorMeta.from_json(m) for m in d["outputs"])
+        d["more_traced_strides"] = tuple(d.get("more_traced_strides", ()))
         return cls(**d)
 
     def with_backend(self, backend: str) -> "Task":

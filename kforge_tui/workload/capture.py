@@ -72,7 +72,7 @@ class Unsupported:
 class Traced:
     """What one forward through the capture backend found."""
 
-    records: dict[str, TaskRecord]  # task key -> record
+    records: dict[str, TaskRecord]  # task key as traced (its first site's) -> record
     unsupported: list[Unsupported]
     skipped: list[tuple[str, str]]  # (what, why)
     graphs: int  # graphs dynamo captured (graph breaks + 1)
@@ -244,6 +244,7 @@ def trace_model(loaded, backend: str = "cpu", *, max_calls: int = 3,
                     cap=max_bytes_per_task)
     _check_references(traced)
     _apply_layouts(traced, rec.layouts)
+    _merge_alike(traced, max_calls)
     _name_patterns(traced, loaded.device)
     return traced
 
@@ -257,6 +258,30 @@ def _apply_layouts(traced: Traced, layouts: dict[str, list]) -> None:
         got = chosen_layout(layouts.get(key, []))
         if got is not None:
             r.task = r.task.with_layouts(*got)
+
+
+def _merge_alike(traced: Traced, max_calls: int) -> None:
+    """Records traced in different layouts that Inductor lays out alike are one task: one
+    search, its calls counted together, and every site of it rewritten (the first record keeps
+    them, its task serving the others' sites)."""
+    first: dict[str, str] = {}  # task key -> the record key that keeps the task
+    for rk, r in sorted(traced.records.items(), key=lambda kv: kv[1].first_index):
+        keep = first.setdefault(r.task.key, rk)
+        if keep == rk:
+            continue
+        k = traced.records.pop(rk)
+        into = traced.records[keep]
+        into.task = into.task.with_sites_of(k.task)
+        into.calls += k.calls
+        for call in k.saved:  # within the same limits the capture kept each record to
+            cost = sum(_nbytes(t) for part in call if part for t in part)
+            if len(into.saved) < max_calls and into.bytes + cost <= traced.cap:
+                into.saved.append(call)
+                into.bytes += cost
+        into.summarised += k.summarised
+        into.over = max(into.over, k.over)
+        if rk in traced.ref_mismatch:
+            traced.ref_mismatch[keep] = traced.ref_mismatch.get(keep, 0) + traced.ref_mismatch.pop(rk)
 
 
 def _break_counts() -> dict[str, int]:
