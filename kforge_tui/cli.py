@@ -446,7 +446,8 @@ def cmd_apply(args) -> int:
     print(json.dumps(report, indent=2, default=str) if args.json else format_end_to_end(report))
     if not report.get("kernels_used"):
         if report.get("verified_tasks"):  # verified, but torch.compile alone is faster
-            print("kforge: no kernel made the compiled model faster; it stays torch.compile's "
+            theirs = "the eager model's" if args.mode == "eager" else "torch.compile's"
+            print(f"kforge: no kernel made the model faster; it stays {theirs} "
                   "(each kernel's reason is above)", file=sys.stderr)
             return 0
         print("kforge: no verified kernel of this run applies to this model; nothing was patched",

@@ -542,3 +542,30 @@ def test_a_kept_set_the_confirmation_does_not_bear_out_does_not_go_in(tmp_path, 
     assert not trials[first.task_id]["kept"] and "not confirmed" in trials[first.task_id]["why"], trials
     assert rep["decision"]["kept"] == [] and rep["kernels_used"] == {} and rep["kernels"] == [] and rep["same_forward"]
     assert rep["decision"]["confirmed"] == 1.0
+
+
+def test_eager_mode_judges_each_kernel_against_the_aten_graph_and_ships_only_past_the_module(chain_run, monkeypatch):
+    """In eager mode kforge runs dynamo's aten graph eagerly, which costs more than the module's
+    own forward with no kernel at all (1.37x on a BERT, CPU 2026-12-07): a trial measured
+    against the module charged every kernel for that graph and none was ever kept. Each trial
+    now faces the same graph with no kernel; the kept set must still beat the module itself."""
+    from kforge_tui.integrate import decide as D
+    from kforge_tui.integrate import measure
+    from kforge_tui.integrate.patch import prepare
+    from kforge_tui.workload.loader import LoadedModel
+
+    model, x = build_tiny(), example()
+    specs = prepare(chain_run, mode="eager", decided=False).specs
+    assert len(specs) == 1
+    pairs = []
+
+    def faster(current, trial, *a, trial_first=False, **kw):
+        pairs.append((current, trial, trial_first))
+        return measure.Verdict(not trial_first, 1.2, 12, 12, "stub verdict")
+
+    monkeypatch.setattr(measure, "faster_in_model", faster)
+    d = D.decide(LoadedModel(model, (x,), "tiny", "cpu"), specs, mode="eager")
+    (trial_base, trial, _), (confirm_base, kept, first) = pairs
+    assert trial_base is not model and trial is not model  # the aten graph, without and with the kernel
+    assert confirm_base is model and kept is trial and first  # the kept set against the module
+    assert d.kept == [] and d.fn is model  # not confirmed: the model stays the user's

@@ -136,6 +136,15 @@ def decide(loaded, specs: list[dict], *, mode: str = "compile", inductor_mode: s
         say(f"model decides: baseline {'torch.compile' if mode == 'compile' else 'eager'} "
             f"({im}) ready in {time.perf_counter() - t0:.1f} s; {len(specs)} candidate kernel(s)")
         d.base_fn = current = base
+        if mode != "compile":
+            # kforge in eager mode runs dynamo's aten graph eagerly (decomposed ops, each its own
+            # call), which costs more than the module's own forward with no kernel at all (1.37x
+            # on a BERT, CPU 2026-12-07): each trial is judged against that graph with no kernel,
+            # so a kernel's own gain decides; the kept set must still beat the plain module
+            # (`confirm`), or the model stays the user's.
+            current, zero_rt = kforge_fn(model, [], backend, mode, inductor_mode)
+            accuracy.forward(current, inputs, state)  # traced outside any timed loop
+            rt._RUNTIMES.pop(id(zero_rt), None)
         kept_kernels: list = []
         ranked = sorted(specs, key=lambda s: -expected_gain_us(s, mode))
         for i, spec in enumerate(ranked):
@@ -203,6 +212,6 @@ def decide(loaded, specs: list[dict], *, mode: str = "compile", inductor_mode: s
                 rt._RUNTIMES.pop(id(d.runtime), None)
                 current, d.runtime = base, None
         state.restore()
-    d.fn = current
+    d.fn = current if d.kept else base
     d.seconds = time.perf_counter() - t_start
     return d
