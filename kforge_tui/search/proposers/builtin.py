@@ -9,8 +9,10 @@ Moves (the action label is what the tree shows):
                                  register spills, launch failures and misaligned packs)
            "repair:default"      back to the family's default point
 Never a parameter point already in ctx.tried, nor one whose kernel renders exactly like one the
-task has tried (ctx.sources: a `math` knob the region's ops ignore, two labels for one kernel);
-`can_expand` is False when none is left.
+task has tried (ctx.sources: a `math` knob the region's ops ignore, two labels for one kernel),
+nor one whose render raised (passed over for the next move, so the budget slot still gets a
+candidate; kept in `unrenderable` and named in the proposal's `response`); `can_expand` is
+False when none is left.
 
 Which move is taken is a weighted random draw seeded from ctx.seed and the node, so the search
 explores; the weights are priors from GPU reasoning that look only at the task's sizes (wider
@@ -62,6 +64,8 @@ class BuiltinProposer:
         self._families = families
         # task id -> points whose kernel renders like one already tried (passed over for good)
         self._alike: dict[str, set[str]] = {}
+        # task id -> {point: why its render raised}: passed over for good, kept to be read
+        self.unrenderable: dict[str, dict[str, str]] = {}
 
     # ------------------------------------------------------------------ protocol
     async def propose(self, ctx: ProposalContext) -> Proposal:
@@ -74,16 +78,29 @@ class BuiltinProposer:
             return Proposal(None, "exhausted", self.name, exhausted=True,
                             error="no untried parameter point is reachable from this node")
         rng = random.Random(f"{ctx.seed}:{ctx.parent.node_id}:{len(ctx.siblings)}:{len(ctx.tried)}")
+        dropped: list[str] = []
         while moves:  # drawn by prior; a point that renders a kernel tried already is passed over
             mv = rng.choices(moves, weights=[m.prior for m in moves], k=1)[0]
+            moves.remove(mv)
             try:
                 src = mv.family.render(task, mv.params)
             except Exception as e:
-                return Proposal(None, mv.action, self.name, params=mv.full, error=f"render failed: {e}")
+                # a point valid() admits but render refuses is a bug of its design, not a
+                # candidate: the budget slot goes to the next move, and the point is noted
+                why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+                self.unrenderable.setdefault(task.task_id, {})[_key(mv.full)] = why
+                dropped.append(f"passed over {mv.action} {_key(mv.full)}: render failed: {why}")
+                if not moves:  # with it out of the way a root offers the default's next neighbour
+                    moves = self.moves(ctx, task)
+                continue
             if src not in ctx.sources:
-                return Proposal(src, mv.action, self.name, params=mv.full, exhausted=len(moves) == 1)
+                return Proposal(src, mv.action, self.name, params=mv.full, exhausted=not moves,
+                                response="\n".join(dropped) or None)
             self._alike.setdefault(task.task_id, set()).add(_key(mv.full))
-            moves.remove(mv)
+        if dropped:
+            return Proposal(None, "exhausted", self.name, exhausted=True, response="\n".join(dropped),
+                            error="no untried parameter point reachable from this node renders a new "
+                                  f"kernel ({len(dropped)} failed to render; the last: {dropped[-1]})")
         return Proposal(None, "exhausted", self.name, exhausted=True,
                         error="every untried parameter point reachable from this node renders a kernel "
                               "already tried")
@@ -122,6 +139,7 @@ class BuiltinProposer:
         if not fams:
             return []
         seen = {_key(p) for p in ctx.tried if p} | self._alike.get(task.task_id, set())
+        seen |= set(self.unrenderable.get(task.task_id, {}))
         seen |= {_key(n.params) for n in ctx.siblings if n.params}
         pp = dict(ctx.parent.params or {})
         parent_fam = next((f for f in fams if f.name == pp.get("family")), None)
@@ -148,7 +166,7 @@ class BuiltinProposer:
             if _key({"family": f.name, **d}) not in seen:
                 out.append(Move(f"family:{f.name}", f, d, self._family_prior(task, f, ctx)))
                 continue
-            for k, v, q in self._neighbours(task, f, d):
+            for k, v, q in self._neighbours(task, f, d, self.unrenderable.get(task.task_id, {})):
                 if _key({"family": f.name, **q}) not in seen:
                     out.append(Move(f"family:{f.name}", f, q, 0.5 * self._family_prior(task, f, ctx)))
                     break
@@ -159,7 +177,7 @@ class BuiltinProposer:
         if not fam.valid(task, cur):
             cur = fam.default(task)
         out = [Move(f"set:{k}={v}", fam, q, self._set_prior(task, fam, cur, k, v, ctx))
-               for k, v, q in self._neighbours(task, fam, cur)]
+               for k, v, q in self._neighbours(task, fam, cur, self.unrenderable.get(task.task_id, {}))]
         for other in fams:
             if other.name == fam.name:
                 continue
@@ -174,7 +192,7 @@ class BuiltinProposer:
 
     def _repair_moves(self, task, fams, fam, pp, seen, ctx) -> list[Move]:
         cur = {k: pp[k] for k in fam.space if k in pp}
-        out = []
+        out, broken = [], self.unrenderable.get(task.task_id, {})
         if fam.valid(task, cur):
             for k in SHRINK:
                 if k not in fam.space or cur[k] not in fam.space[k]:
@@ -182,7 +200,7 @@ class BuiltinProposer:
                 i = fam.space[k].index(cur[k])
                 for j in range(i - 1, -1, -1):
                     q = {**cur, k: fam.space[k][j]}
-                    if fam.valid(task, q):
+                    if fam.valid(task, q) and _key({"family": fam.name, **q}) not in broken:
                         out.append(Move(f"repair:{k}={q[k]}", fam, q, 2.0))
                         break
         out.append(Move("repair:default", fam, fam.default(task), 3.0))
@@ -192,8 +210,10 @@ class BuiltinProposer:
         return out
 
     @staticmethod
-    def _neighbours(task, fam: Design, cur: dict):
-        """(param, value, params) one step up or down each axis; skips over invalid values once."""
+    def _neighbours(task, fam: Design, cur: dict, broken=()):
+        """(param, value, params) one step up or down each axis; skips over invalid values once,
+        and over points whose render raised (`broken`: keys of full points), which would else
+        hide the values past them."""
         for k, vals in fam.space.items():
             if cur.get(k) not in vals:
                 continue
@@ -202,7 +222,7 @@ class BuiltinProposer:
                 for j in (i + step, i + 2 * step):
                     if 0 <= j < len(vals):
                         q = {**cur, k: vals[j]}
-                        if fam.valid(task, q):
+                        if fam.valid(task, q) and _key({"family": fam.name, **q}) not in broken:
                             yield k, vals[j], q
                             break
 
