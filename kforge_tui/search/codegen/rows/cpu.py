@@ -2,15 +2,48 @@
 accumulators (rows) or across a block's rows (cols)."""
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 from kforge_tui.search.csrc import OMP_MIN_WORK
 from kforge_tui.search.codegen import kbuild as K
 from kforge_tui.search.codegen.ir import Scope
-from kforge_tui.search.codegen.sym import Form, var
+from kforge_tui.search.codegen.sym import Form, const, var
 from kforge_tui.search.codegen.rows.plan import (RPlan, Gen, stage_comps, acc_names, scratch, finalize,
-                                                 accumulate, row_outputs)
+                                                 row_outputs)
 
 
 # ------------------------------------------------------------------------------ cpu
+
+CHUNK = 32  # adds a float partial sum takes (per lane) before it is folded into its double total
+
+
+def _f64_sums(plan: RPlan) -> tuple[RPlan, dict]:
+    """The plan with its float sums (sum, mean, var/std's two passes) totalled in double, and
+    {name: the float partial each adds into}. One float accumulator along the whole row rounds at
+    every add, an error that grows with N: gen_cols summed a group_norm group of 1024 in one chain
+    and, on the sandbox's rows of equal values, the variance's rounding divided by sqrt(var + eps)
+    came to 3.3e3 ulps. Float partials of CHUNK adds (the vectorised float add, as before) folded
+    into double totals bound the error by a CHUNK-term sum's whatever N is; adding every element
+    in double instead cost 1.35-1.5x on gen_cols mean/var over dim 0 (2-core dev box, one
+    thread). Max/min/arg are exact already; prod and integer sums are left as they are."""
+    comps, part = [], {}
+    for c in plan.comps:
+        if c.op == "sum" and c.dtype == "float32":
+            part[c.name] = dataclasses.replace(c, name=c.name + "k")
+            c = dataclasses.replace(c, dtype="float64")
+        comps.append(c)
+    if not part:
+        return plan, part
+    wide = copy.copy(plan)  # plan_of's cached plan is shared with the cuda emitters: not edited
+    wide.comps = comps
+    return wide, part
+
+
+def _ind(lines: list, pad: str = "  ") -> list:
+    """Lines indented one level, pragmas left where they are (as every emitter here writes them)."""
+    return [x if x.startswith("#") else pad + x for x in lines]
+
 
 class CpuRed:
     """OpenMP kernels: `rows` (a row per iteration, `vec` lane accumulators under omp simd) or
@@ -18,6 +51,7 @@ class CpuRed:
     > 1 cuts each row into that many tasks with partial results in malloc'd scratch."""
 
     def __init__(self, task, plan: RPlan, p: dict, layout: str):
+        plan, self.part = _f64_sums(plan)
         self.task, self.P, self.p, self.layout = task, plan, p, layout
         self.splits = p["splits"]
         if layout == "rows":
@@ -41,8 +75,9 @@ class CpuRed:
 
     def _acc_pass(self, g: Gen, comps, chunked: bool) -> list:
         em, P = g.em, self.P
+        inner = [self.part.get(c.name, c) for c in comps]  # float sums add into their partials
         if self.layout == "cols":
-            return self._cols_loop(g, lambda g_, sidx: accumulate(g_, comps, sidx, "r", "[j]"), chunked)
+            return self._cols_loop(g, lambda g_, sidx: self._add(g_, inner, sidx, "r", "[j]"), chunked, comps)
         W, NQ = self.W, self.NQ
         tail = P.N - NQ * W
         row = var("row", P.ROWS)
@@ -50,25 +85,24 @@ class CpuRed:
         qs = em.push(Scope(("row", "q"), red=True))
         if W > 1:
             ls = em.push(Scope(("row", "q", "j"), red=True))
-            accumulate(g, comps, P.sidx(row, var("q", NQ) * W + var("j", W)), f"(q * {W} + j)", "[j]")
+            self._add(g, inner, P.sidx(row, var("q", NQ) * W + var("j", W)), f"(q * {W} + j)", "[j]")
             em.pop()
         else:
-            accumulate(g, comps, P.sidx(row, var("q", NQ)), "q", "[0]")
+            self._add(g, inner, P.sidx(row, var("q", NQ)), "q", "[0]")
         em.pop()
         ts = None
-        if tail:
+        if tail:  # fewer than W elements: straight into the totals
             ts = em.push(Scope(("row", "t"), red=True))
-            accumulate(g, comps, P.sidx(row, var("t", tail) + NQ * W), f"({NQ * W} + t)", "[0]")
+            self._add(g, comps, P.sidx(row, var("t", tail) + NQ * W), f"({NQ * W} + t)", "[0]")
             em.pop()
         em.pop()
         lo, hi = ("kf_q0", "kf_q1") if chunked else ("0", f"{NQ}LL")
-        out = ["{"] + ["  " + x for x in ps.lines]
-        out.append(f"  for (int64_t q = {lo}; q < {hi}; ++q) {{")
-        out += ["    " + x for x in qs.lines]
+        body = list(qs.lines)
         if W > 1:
-            out += ["#pragma omp simd", f"    for (int j = 0; j < {W}; ++j) {{"]
-            out += ["      " + x for x in ls.lines] + ["    }"]
-        out.append("  }")
+            body += ["#pragma omp simd", f"for (int j = 0; j < {W}; ++j) {{"]
+            body += ["  " + x for x in ls.lines] + ["}"]
+        out = ["{"] + ["  " + x for x in ps.lines]
+        out += _ind(self._partials("q", lo, hi, body, comps, W, str(W)))
         if ts is not None:
             guard = f"if (kf_c == {self.splits - 1}) " if chunked else ""
             out.append(f"  {guard}for (int64_t t = 0; t < {tail}; ++t) {{")
@@ -76,7 +110,73 @@ class CpuRed:
         out.append("}")
         return out
 
-    def _cols_loop(self, g: Gen, work, chunked: bool) -> list:
+    def _add(self, g: Gen, comps, sidx, r_expr: str, suffix: str) -> None:
+        """Each accumulator takes its value at sidx (a shifted mean, less its row's reference)."""
+        for c in comps:
+            x = g.elem_value(c, sidx)
+            ref = self.ref.get(c.red.name) if c.part == "main" else None
+            if ref is not None:
+                x = f"({x} - {ref})"
+            g.em.emit(g.em.cur, c.combine(acc_names(c, suffix), (x, r_expr) if c.arg else (x,)))
+
+    def _shifted(self, c) -> bool:
+        """var/std's mean is summed as x - x0, x0 its row's first element (0 unless finite), and
+        N * x0 added back in double: a row of equal values adds zeros, so its mean is exact and
+        its variance 0 (as Welford's), and elsewhere the float partials' error scales with the
+        row's spread instead of its magnitude."""
+        return c.part == "main" and c.red.kind in ("var", "std") and c.name in self.part
+
+    def _refs(self, g: Gen, comps, body: list) -> None:
+        """Declare the shifted means' references (a float per row, or per lane of a block)."""
+        em, P = g.em, self.P
+        for c in comps:
+            if not self._shifted(c):
+                continue
+            nm = f"{c.name}x"
+            if self.layout == "rows":
+                rs = em.push(Scope(("row",), red=True))
+                x = g.elem_value(self.part[c.name], P.sidx(var("row", P.ROWS), const(0)))
+                em.pop()
+                body += rs.lines + [f"const float {nm}0 = {x};",
+                                    f"const float {nm} = {nm}0 - {nm}0 == 0.0f ? {nm}0 : 0.0f;"]
+                self.ref[c.red.name] = nm
+                continue
+            bs = em.push(Scope(("rb",), red=True))
+            ls = em.push(Scope(("rb", "j"), red=True))
+            x = g.elem_value(self.part[c.name], P.sidx(self._row(), const(0)))
+            em.pop(), em.pop()
+            body += bs.lines + [f"float {nm}[{self.B}];", "for (int64_t j = 0; j < jn; ++j) {"]
+            body += ["  " + y for y in ls.lines] + [f"  const float {nm}0 = {x};",
+                                                      f"  {nm}[j] = {nm}0 - {nm}0 == 0.0f ? {nm}0 : 0.0f;", "}"]
+            self.ref[c.red.name] = nm + "[j]"
+
+    def _unshift(self, comps, body: list) -> None:
+        """Add N times the reference back into the shifted totals (before they finalize)."""
+        for c in comps:
+            if self._shifted(c):
+                if self.layout == "rows":
+                    body.append(f"{c.name}[0] += (double){self.P.N} * (double){c.name}x;")
+                else:
+                    body.append(f"for (int64_t j = 0; j < jn; ++j) "
+                                f"{c.name}[j] += (double){self.P.N} * (double){c.name}x[j];")
+
+    def _partials(self, v: str, lo: str, hi: str, body: list, comps, n: int, bound: str) -> list:
+        """The loop `for v in [lo, hi)` over `body`; where comps have float partials, run in
+        pieces of CHUNK steps, each partial zeroed before a piece and folded into its double
+        total after it (lanes 0..bound of n)."""
+        parts = [(c, self.part[c.name]) for c in comps if c.name in self.part]
+        if not parts:
+            return [f"for (int64_t {v} = {lo}; {v} < {hi}; ++{v}) {{"] + _ind(body) + ["}"]
+        out = [f"for (int64_t kf_k0 = {lo}; kf_k0 < {hi}; kf_k0 += {CHUNK}) {{",
+               f"  const int64_t kf_k1 = kf_k0 + {CHUNK} < {hi} ? kf_k0 + {CHUNK} : {hi};"]
+        for _, k in parts:
+            out += [f"  {k.T} {k.name}[{n}];", f"  for (int j = 0; j < {n}; ++j) {k.name}[j] = {k.init()[0]};"]
+        out.append(f"  for (int64_t {v} = kf_k0; {v} < kf_k1; ++{v}) {{")
+        out += _ind(body, "    ") + ["  }", "#pragma omp simd", f"  for (int64_t j = 0; j < {bound}; ++j) {{"]
+        out += [f"    {c.combine((c.name + '[j]',), (f'({c.T}){k.name}[j]',))}" for c, k in parts]
+        return out + ["  }", "}"]
+
+    def _cols_loop(self, g: Gen, work, chunked: bool, comps=()) -> list:
         em, P = g.em, self.P
         ps = em.push(Scope(("rb",), red=True))
         rs = em.push(Scope(("rb", "r"), red=True))
@@ -84,12 +184,11 @@ class CpuRed:
         work(g, P.sidx(self._row(), var("r", P.N)))
         em.pop(), em.pop(), em.pop()
         lo, hi = ("kf_r0", "kf_r1") if chunked else ("0", f"{P.N}LL")
+        body = list(rs.lines) + ["#pragma omp simd", "for (int64_t j = 0; j < jn; ++j) {"]
+        body += ["  " + x for x in ls.lines] + ["}"]
         out = ["{"] + ["  " + x for x in ps.lines]
-        out.append(f"  for (int64_t r = {lo}; r < {hi}; ++r) {{")
-        out += ["    " + x for x in rs.lines]
-        out += ["#pragma omp simd", "    for (int64_t j = 0; j < jn; ++j) {"]
-        out += ["      " + x for x in ls.lines] + ["    }", "  }", "}"]
-        return out
+        out += _ind(self._partials("r", lo, hi, body, comps, self.B, "jn"))
+        return out + ["}"]
 
     def _epilogue(self, g: Gen, chunked: bool) -> list:
         em, P, task = g.em, self.P, self.task
@@ -136,6 +235,18 @@ class CpuRed:
                     g.ready[(c.red.name, comp)] = nm
         else:
             finalize(g, comps, body, self.B, "j", "jn")
+        # the deviations of var's second pass are taken from the mean rounded to float (as torch's
+        # float kernels do): a double mean would widen every element of that pass
+        for c in comps:
+            if self._shifted(c):
+                nm = f"rd_{c.name}_imeanf"
+                if self.layout == "rows":
+                    body.append(f"const float {nm} = (float){g.ready[(c.red.name, '@mean')]};")
+                    g.ready[(c.red.name, "@mean")] = nm
+                else:
+                    body += [f"float {nm}[{self.B}];",
+                             f"for (int j = 0; j < jn; ++j) {nm}[j] = (float)rd_{c.name}_imean[j];"]
+                    g.ready[(c.red.name, "@mean")] = nm + "[{}]"
 
     def _unit_rows(self, j: str = "j") -> str:
         """C expression of the scratch unit index of the current row (times splits)."""
@@ -150,6 +261,7 @@ class CpuRed:
         ks = g.em.push(Scope(()))
         body: list = []
         S = self.splits
+        self.ref = {}  # reduction name -> C expr of its shifted mean's reference (this block)
         for s in combine_stages:
             comps = stage_comps(P, s)
             self._declare(comps, body)
@@ -164,10 +276,13 @@ class CpuRed:
                                  for i, T in enumerate(c.ctypes()))
                     body.append(f"for (int64_t j = 0; j < jn; ++j) for (int64_t s = 0; s < {S}; ++s) {{ "
                                 f"{c.combine(tuple(n + '[j]' for n in names), vals)} }}")
+            self._refs(g, comps, body)
+            self._unshift(comps, body)
             self._fin(g, comps, body)
         for s in run_stages:
             comps = stage_comps(P, s)
             self._declare(comps, body)
+            self._refs(g, comps, body)
             body += self._acc_pass(g, comps, chunked)
             if self.layout == "rows":
                 self._hsum(comps, body)
@@ -180,6 +295,7 @@ class CpuRed:
                             body.append(f"for (int64_t j = 0; j < jn; ++j) "
                                         f"((({T}*)(kf_scr + {scr[(c.name, i)]}))[{self._unit_rows()} * {S} + kf_c]) = {n}[j];")
             else:
+                self._unshift(comps, body)
                 self._fin(g, comps, body)
         if epilogue and P.elem_out:
             body += self._epilogue(g, chunked)
