@@ -27,7 +27,8 @@ from pathlib import Path
 from kforge_tui.cluster.facts import PROBE_TIMEOUT_S, collect, describe, mismatch
 from kforge_tui.errors import UsageError, WorkFailed
 from kforge_tui.regions.task import Task
-from kforge_tui.sandbox.pool import READY_TIMEOUT_S, SUPERVISOR_GRACE_S, _call, _one_line, recorded
+from kforge_tui.sandbox.pool import (READY_TIMEOUT_S, SUPERVISOR_GRACE_S, _call, _one_line, eval_deadline,
+                                     recorded)
 from kforge_tui.sandbox.result import Baseline, EvalResult, EvaluatorLost, Timing
 
 NAMESPACE = "kforge"
@@ -572,6 +573,21 @@ class RayEvaluator:
                     raise
                 await self._connection_trouble(e)
 
+    # input sets a remote worker may build for a task (captured calls, fresh draws, edge cases):
+    # an upper bound on its arena for the wait below, which only decides when a slot is lost
+    ARENA_SETS = 8
+
+    def _eval_wait(self, tj: dict) -> float:
+        """How long a slot may take over one evaluation before it counts as lost: preparing the
+        task plus the deadline the remote pool gives the candidate (`eval_deadline`, which
+        grows with the arena's bytes), on an upper bound of that arena."""
+        task = Task.from_json(tj)
+        per_set = sum(m.nbytes for m in task.inputs + task.outputs if m.present)
+        device = "cuda" if tj.get("backend") in ("cuda", "triton") else "cpu"
+        deadline = eval_deadline(self.pool_kwargs.get("eval_timeout_s", 60.0), self.ARENA_SETS * per_set,
+                                 self.ARENA_SETS, device, self.pool_kwargs.get("eval_s_per_gib"))
+        return deadline + self.pool_kwargs.get("prepare_timeout_s", 600.0) + 2 * SUPERVISOR_GRACE_S
+
     async def _evaluate(self, task_json: dict, run_dir: str, source: str, on_stage) -> EvalResult:
         ray = _ray()
         await self.start()
@@ -585,8 +601,7 @@ class RayEvaluator:
         if on_stage:
             await _call(on_stage, "load")
         payload = ray.put(built["payload"])  # once, whichever slot ends up with it
-        timeout = (self.pool_kwargs.get("eval_timeout_s", 60.0) + self.pool_kwargs.get("prepare_timeout_s", 600.0)
-                   + 2 * SUPERVISOR_GRACE_S)
+        timeout = self._eval_wait(tj)
         slot, rj, lost = await self._on_slot(f"a candidate of {tid}", "evaluate", tj, self._captures(tj, run_dir),
                                              built["kind"], payload, timeout=timeout)
         if slot is None:

@@ -7,9 +7,9 @@ One long-lived worker (a supervisor, sandbox/worker.py) per GPU on cuda, a small
 (default 1: timing on a small box needs its cores). Candidates that have compiled queue for a
 free worker while others compile. Neither the engine nor the supervisor ever loads candidate
 code: each candidate runs in a fresh runner process the supervisor starts, so a crash, a hang
-(killed after eval_timeout_s: "timeout") or a sticky CUDA error costs one runner, not the
-prepared input sets. The supervisor itself is killed and restarted only if it stops answering
-(eval_timeout_s + SUPERVISOR_GRACE_S) or dies, and recycled every `restart_every` evaluations.
+(killed at its deadline, `eval_deadline`: "timeout") or a sticky CUDA error costs one runner,
+not the prepared input sets. The supervisor itself is killed and restarted only if it stops
+answering (that deadline + SUPERVISOR_GRACE_S) or dies, and recycled every `restart_every` evaluations.
 
 Triton (`EvaluatorPool("triton")`, issue 13): the static check is `triton_check.check_source`
 (Python's ast, in this process: no candidate code runs here; a failure is "static_error" with the
@@ -23,12 +23,18 @@ kernel for the region on the candidate ABI (`inductor_seed.Seed.to_json()`), Non
 
 Memory (issue 14): an evaluation that cannot run for lack of memory, even with one input set,
 comes back as status "infra_error": not a candidate failure (result.INFRA_STATUSES).
+
+Deadline (`eval_deadline`): eval_timeout_s is what a small region's evaluation gets; a region
+whose input sets fill an arena the checks must hash gets more, in proportion to the arena's
+bytes (the worker reports them when it prepares the task), so a GiB-sized region is not
+"timeout" for the harness's own work. A timeout's message gives the deadline and the bytes.
 """
 from __future__ import annotations
 
 import asyncio
 import inspect
 import json
+import math
 import os
 import shutil
 import signal
@@ -48,6 +54,54 @@ STDERR_TAIL_LINES = 200
 READY_TIMEOUT_S = 180.0  # importing torch (and creating a CUDA context) on a cold box
 SUPERVISOR_GRACE_S = 60.0  # beyond a candidate's own deadline before the supervisor is killed
 BACKENDS = ("cpu", "cuda", "triton")  # candidate languages
+
+# Seconds per GiB of arena for one checked call, by where candidates run. Past ArenaWatch's
+# COPY_LIMIT (inputs.py) every checked call hashes every byte of the arena (`checksum`: the
+# integrity check against state kept in slack, not to be skipped); under it the arena is
+# compared with an image at memory speed, which the base deadline covers. cpu, measured on the
+# 2-core CI box (2026-12-07, shared: load average 4-6): `checksum` alone 4.6-5.1 s/GiB idle,
+# 20.7 loaded (eager int64 passes); whole evaluations of a float32 embedding table (4 sets,
+# honest kernel), 262144x256 (1.0 GiB arena): 384 s and 369 s, 364 s and 348 s of it in the
+# arena watch over 27-28 checked calls; 131072x256 (0.5 GiB): 266 s, 249 s over 26 calls. That
+# is 13-19 s a GiB-call; 20 covers the worst. Remeasure if `checksum` is compiled on the cpu (a
+# compiled `_mix` ran 0.74 s/GiB against eager's 20.7 there, same sums). cuda: one compiled pass
+# at memory speed.
+CHECK_S_PER_GIB = {"cpu": 20.0, "cuda": 0.5}
+# Checked calls of one evaluation at most, beside 2 per input set (verification: each set once,
+# up to as many again): edge cases 5, replays 4 + 6 + 4, the float64 check 1, and every timed
+# call of a long-running region (warm-up and MIN_SAMPLES) 8. The counts are drawn per candidate;
+# the measured evaluation above made 27 with 4 sets.
+CHECKED_CALLS = 28
+WATCH_COPY_LIMIT = 256 << 20  # inputs.ArenaWatch.COPY_LIMIT (not imported: the pool stays torch-free)
+
+
+def eval_deadline(base_s: float, arena_bytes: int, sets: int = 1, device: str = "cpu",
+                  s_per_gib: float | None = None) -> float:
+    """Seconds a candidate's evaluation may take: `base_s`, plus, for an arena the checks must
+    hash on every call, its GiB times the checked calls times `s_per_gib` (CHECK_S_PER_GIB of
+    the device unless given; 0 keeps the deadline at `base_s`). A fixed deadline made every
+    candidate of a GiB-sized region "timeout" in the harness's own checks (the arena watch of a
+    1 GiB embedding table alone took 53 s of 60)."""
+    per = CHECK_S_PER_GIB.get(device, CHECK_S_PER_GIB["cpu"]) if s_per_gib is None else s_per_gib
+    if not arena_bytes or arena_bytes <= WATCH_COPY_LIMIT or per <= 0:
+        return float(base_s)
+    extra = per * arena_bytes / 2**30 * (CHECKED_CALLS + 2 * max(1, sets))
+    return float(math.ceil(base_s + extra))  # whole seconds: a verdict says "after 540 s"
+
+
+def describe_deadline(deadline_s: float, base_s: float | None = None, arena_bytes: int | None = None,
+                      sets: int | None = None) -> str:
+    """The deadline a timed-out candidate had and what it was made of, for its verdict: the
+    user sees how big the input sets were and whether the time went to the harness's checks."""
+    text = f"no result after {deadline_s:g} s"
+    if base_s is None or not arena_bytes:
+        return text
+    size = f"{arena_bytes / 2**30:.3g} GiB" if arena_bytes >= 2**30 else f"{arena_bytes / 2**20:.3g} MiB"
+    of = f" of {sets} input set{'s' if sets != 1 else ''}" if sets else ""
+    if deadline_s > base_s:
+        return (f"{text} (deadline {base_s:g} s + {deadline_s - base_s:.0f} s for checks that hash the "
+                f"{size} arena{of} on every call)")
+    return f"{text} (deadline {base_s:g} s; a {size} arena{of})"
 
 
 class WorkerDied(Exception):
@@ -83,6 +137,7 @@ class _Worker:
         self.lines_seen = 0
         self.evaluations = 0
         self.prepared: set[str] = set()
+        self.sizes: dict[str, tuple[int, int]] = {}  # task id -> (arena bytes, sets), from prepare
         self.info: dict = {}
         self._next = 1
         self._stderr_task: asyncio.Task | None = None
@@ -114,6 +169,7 @@ class _Worker:
             *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env=env, limit=64 * 2**20, start_new_session=True)
         self.prepared = set()
+        self.sizes = {}
         self.evaluations = 0
         self._stderr_task = asyncio.create_task(self._drain_stderr(self.proc))
         ready = await asyncio.wait_for(self._read_reply(0, None), READY_TIMEOUT_S)
@@ -128,6 +184,11 @@ class _Worker:
                 return
             self.tail.append(line.decode(errors="replace").rstrip("\n"))
             self.lines_seen += 1
+
+    def note_sizes(self, tid: str, rep: dict) -> None:
+        """What a prepare reply says of the task's sets (the deadline follows their bytes)."""
+        if rep.get("arena_bytes"):
+            self.sizes[tid] = (int(rep["arena_bytes"]), int(rep.get("sets") or 1))
 
     def tail_text(self, since: int | None = None) -> str:
         lines = list(self.tail)
@@ -228,7 +289,8 @@ class EvaluatorPool:
                  compile_jobs: int | None = None, eval_timeout_s: float = 60.0,
                  compile_timeout_s: float = 120.0, arch: str | None = None, timing: dict | None = None,
                  restart_every: int = 500, prepare_timeout_s: float = 600.0,
-                 memory: dict | None = None, device: str | None = None):
+                 memory: dict | None = None, device: str | None = None,
+                 eval_s_per_gib: float | None = None):
         if backend not in BACKENDS:
             from kforge_tui.errors import UsageError
 
@@ -245,7 +307,10 @@ class EvaluatorPool:
         self.n_workers = workers
         self.cache_dir = Path(cache_dir)
         self.compile_jobs = compile_jobs or os.cpu_count() or 1
+        # a small region's deadline; one whose sets fill a hashed arena gets more (eval_deadline),
+        # eval_s_per_gib seconds a GiB-call (None: the device's CHECK_S_PER_GIB; 0: fixed deadline)
         self.eval_timeout_s = eval_timeout_s
+        self.eval_s_per_gib = eval_s_per_gib
         self.compile_timeout_s = compile_timeout_s
         self.prepare_timeout_s = prepare_timeout_s
         self.arch = arch
@@ -373,20 +438,26 @@ class EvaluatorPool:
                     kind = "infra_error" if rep.get("infra") else "crash"
                     return None, f"{kind}:worker could not prepare the task: {rep.get('error')}", w, queued
                 w.prepared.add(tid)
+                w.note_sizes(tid, rep)
                 prep_s = time.perf_counter() - tp
+            base_s = timeout
+            arena_bytes, sets = w.sizes.get(tid, (0, 1))
+            if payload.get("cmd") == "evaluate":
+                timeout = eval_deadline(base_s, arena_bytes, sets, self.device_kind, self.eval_s_per_gib)
             since = w.lines_seen
             try:
                 rep = await w.request({**payload, "task": tj, "run_dir": run_dir,
                                        "cache_dir": str(self.cache_dir), "timing": self.timing,
                                        "memory": self.memory, "capture_id": capture_id,
-                                       "deadline_s": timeout},
+                                       "deadline_s": timeout, "deadline_base_s": base_s},
                                       timeout + SUPERVISOR_GRACE_S, on_event)
             except asyncio.TimeoutError:
                 tail = w.tail_text(since)
                 self.stats["timeouts"] += 1
                 await self._restart(w)
-                return None, (f"timeout:no result after {timeout + SUPERVISOR_GRACE_S:g} s; worker killed "
-                              f"and restarted\n{tail}"), w, queued
+                said = describe_deadline(timeout, base_s, arena_bytes or None, sets)
+                return None, (f"timeout:{said}, nor in the {SUPERVISOR_GRACE_S:g} s grace after it; worker "
+                              f"killed and restarted\n{tail}"), w, queued
             except WorkerDied as e:
                 self.stats["crashes"] += 1
                 await self._restart(w)
@@ -435,6 +506,7 @@ class EvaluatorPool:
                     # a hang or a crash: not something a second try without the seed would mend
                     rep, hung = {"ok": False, "error": str(e) or "timeout"}, True
                 if rep.get("ok"):
+                    w.note_sizes(tid, rep)
                     break
                 # a failure on the device may have left the worker's CUDA context unusable (a
                 # device-side assert is sticky): the next attempt or task gets a fresh worker

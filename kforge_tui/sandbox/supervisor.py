@@ -299,7 +299,14 @@ class Worker(RemoteTiming):
                                         "under Triton's interpreter on the CPU (TRITON_INTERPRET=1)")
             self._add_note(st, st.baseline["seed_note"])
         self._top_up()
-        return {"baseline": st.baseline, "note": st.note}
+        # the arena's bytes and the sets in it: the pool's deadline for a candidate follows them
+        return {"baseline": st.baseline, "note": st.note, "arena_bytes": self._arena_bytes(st),
+                "sets": len(st.sets)}
+
+    @staticmethod
+    def _arena_bytes(st: "PreparedTask") -> int:
+        t = getattr(st.arena, "tensor", None)
+        return int(t.numel() * t.element_size()) if t is not None else 0
 
     @staticmethod
     def _add_note(st: "PreparedTask", note: str) -> None:
@@ -763,9 +770,18 @@ class Worker(RemoteTiming):
                 return self._fail(res, "verify_error", res["stage"], self._rc_text(str(e)))
             except _Timeout:
                 runner.kill()
+                from kforge_tui.sandbox.pool import describe_deadline
+
+                base = req.get("deadline_base_s")
+                said = describe_deadline(float(req.get("deadline_s") or 60),
+                                         float(base) if base is not None else None,
+                                         self._arena_bytes(st), len(st.sets))
+                spent = sorted(((k, x) for k, x in v.checks.get("seconds", {}).items() if x >= 1),
+                               key=lambda kv: -kv[1])[:3]
+                where = ("; the harness's checks so far: " + ", ".join(f"{k.replace('_', ' ')} {x:.0f} s"
+                                                                     for k, x in spent)) if spent else ""
                 return self._fail(res, "timeout", res["stage"],
-                                  f"no result after {float(req.get('deadline_s') or 60):g} s; the kernel's "
-                                  f"process was killed")
+                                  f"{said} in the {res['stage']} stage; the kernel's process was killed{where}")
             except _SyscallRefused as e:
                 runner.kill()
                 return self._fail(res, "verify_error", res["stage"], seccomp.describe(e.nr))
