@@ -98,7 +98,9 @@ async def test_gpu_the_runner_loads_what_was_compiled_ahead(tmp_path, monkeypatc
     from pathlib import Path
 
     src = (Path(__file__).parent / "cheats" / "triton" / "_honest_softmax.py").read_text()
-    task = task_of(lambda x: torch.softmax(x, -1), (torch.randn(4096, 1024),), backend="triton")
+    # rows of 64: the template's one block (at 1024 columns it leaves 960 of each row unwritten,
+    # and the judge said so on an H100, 2026-12-07)
+    task = task_of(lambda x: torch.softmax(x, -1), (torch.randn(4096, 64),), backend="triton")
     monkeypatch.delenv("KFORGE_TRITON_COMPILE_AHEAD", raising=False)  # on by default
     async with EvaluatorPool("triton", cache_dir=tmp_path, eval_timeout_s=120) as pool:
         await pool.baseline(task.to_json(), str(tmp_path))
