@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from pathlib import Path
 
 from kforge_tui import events as ev
@@ -437,7 +438,7 @@ class Engine:
         if ts.stopped:
             self._set_status(ts, "stopped", "stopped by the user")
         elif ts.tree.best() is None:
-            self._set_status(ts, "failed", f"no verified candidate ({self._reason(ts)})")
+            self._set_status(ts, "failed", f"no verified candidate ({self._outcomes(ts)}{self._reason(ts)})")
         else:
             self._set_status(ts, "done", self._reason(ts))
 
@@ -565,6 +566,20 @@ class Engine:
             return self._exhausted(ts)
         return {"budget": f"budget of {ts.tree.budget} spent", "target": "target speedup reached",
                 "time": "time limit reached"}.get(ts.tree.stop_reason, ts.tree.stop_reason or "done")
+
+    @staticmethod
+    def _outcomes(ts: SearchState) -> str:
+        """How the evaluated candidates failed ("2 timeout, 1 verify_error: "), so a search that
+        ran out of moves says whether its kernels were wrong or never finished; when every one
+        failed alike, the first one's message as well."""
+        failed = [v for v in ts.views.values() if v.source is not None and v.status not in ("ok", "pending")]
+        if not failed:
+            return ""
+        tally = Counter(v.status for v in failed)
+        text = ", ".join(f"{n} {st}" for st, n in tally.most_common())
+        if len(tally) == 1 and failed[0].message:
+            text += f" ({failed[0].message.splitlines()[0][:160]})"
+        return text + "; "
 
     def _exhausted(self, ts: SearchState) -> str:
         """Why nothing is left to try for this task ("" while something is)."""

@@ -32,10 +32,11 @@ class Result:
 
 
 class ScriptedEvaluator:
-    """Every candidate verifies at 1.25x after `delay` seconds."""
+    """Every candidate verifies at 1.25x after `delay` seconds (or fails with `fail`: a
+    (status, message) every candidate gets)."""
 
-    def __init__(self, delay: float = 0.05):
-        self.delay = delay
+    def __init__(self, delay: float = 0.05, fail: tuple[str, str] | None = None):
+        self.delay, self.fail = delay, fail
 
     async def start(self):
         pass
@@ -49,6 +50,8 @@ class ScriptedEvaluator:
 
     async def evaluate(self, task_json, run_dir, source, on_stage=None):
         await asyncio.sleep(self.delay)
+        if self.fail:
+            return Result(self.fail[0], self.fail[1], None, None)
         return Result("ok", "1.25x", 1.25, Timing(8.0))
 
 

@@ -163,6 +163,20 @@ async def test_an_exhausted_op_says_why_and_refuses_budget(prepared, tmp_path):
         await runner
 
 
+async def test_a_search_with_no_verified_candidate_says_how_its_candidates_failed(tmp_path):
+    """Every candidate of a GiB-sized region timed out in the harness's checks, and the run said
+    only that the proposer had nothing new to try: the failure now leads with the tally."""
+    seen: list = []
+    why = "no result after 780 s (deadline 60 s + 720 s for checks that hash the 1 GiB arena of 4 input sets on every call)"
+    engine = Engine(settings(tmp_path / "run", budget=4), seen.append,
+                    evaluator=ScriptedEvaluator(fail=("timeout", why)), proposer=ScriptedProposer(ideas=2))
+    await asyncio.wait_for(engine.run(), 60)
+    (tid,) = engine.tasks
+    status, detail = statuses(seen, tid)[-1]
+    assert status == "failed" and detail.startswith("no verified candidate (2 timeout ("), detail
+    assert why[:100] in detail and "nothing new to try" in detail
+
+
 async def test_llm_usage_events_are_running_totals_and_failures_are_logged(prepared, tmp_path):
     engine, seen, run = resumed(prepared, tmp_path, budget=7, serve=False, proposer=ScriptedProposer(fail_every=3))
     await engine.run()
