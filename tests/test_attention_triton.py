@@ -139,3 +139,21 @@ def test_validity_rules_and_where_the_design_is_offered():
     assert not dh.valid(h, {**dh.default(h), "precision": "ieee"})  # one point of that axis in 16-bit
     assert "input_precision" not in dh.render(h, dh.default(h))
     assert "input_precision='tf32x3'" in d.render(task, p)
+
+
+def test_a_16_bit_head_of_128_or_less_takes_the_tutorial_point_with_q_loaded_once(tmp_path):
+    """On an H100 (2026-12-07) the design was 3x slower than cuDNN at bf16 head dim 128: Q was
+    loaded again for every key block, and the register rule, counting K and V tiles that live
+    in shared memory, refused Triton's own tutorial point. A 16-bit head of 128 or less now
+    defaults to it (128 x 64, the head in one slice, Q loaded before the key loop)."""
+    q, k, v = _qkv(1, 2, 80, 96, 64, torch.float16)
+    (task,) = tasks_for(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), (q, k, v), "triton")
+    (d,) = AT.designs(task)
+    p = d.default(task)
+    assert (p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_D"], p["num_warps"], p["num_stages"]) == (128, 64, 64, 8, 3)
+    src = d.render(task, p)
+    loop = src.index("for j0 in range")
+    assert src.index("qt = tl.load(") < loop and "for d0 in" not in src  # once, before the key loop
+    assert "d_ok" not in src  # the head dim is a whole number of slices: no mask on it
+    assert _judge(task, p, tmp_path, "tutorial") is None
+    assert _judge(task, {**p, "BLOCK_M": 64, "BLOCK_N": 32}, tmp_path, "smaller") is None

@@ -54,10 +54,13 @@ def _valid(ai: AttnInfo, p: dict) -> bool:
     if ai.dtype in HALVES and p["precision"] != PRECISIONS[0]:
         return False  # the axis means nothing for 16-bit inputs: one point of it
     threads = 32 * w
-    regs = (bm * bdv + 2 * bm * bn + bm * bd + bd * bn + bn * bdv) / threads
+    es = ESIZE[ai.dtype]
+    # in registers: the float32 accumulator, scores and probabilities, and the Q tile in its own
+    # dtype (K and V tiles are staged through shared memory, counted below); counting K and V
+    # here too refused Triton's own tutorial point (128 x 64 x 128, 8 warps) for bf16 head dim 128
+    regs = (bm * bdv + 2 * bm * bn + bm * bd * es / 4) / threads
     if regs > REG_BUDGET:
         return False
-    es = ESIZE[ai.dtype]
     smem = es * p["num_stages"] * (bm * bd + bd * bn) + es * bn * bdv + 4 * bm * bn
     return smem <= SMEM_BUDGET
 
@@ -71,9 +74,15 @@ def _default(ai: AttnInfo) -> dict:
     bm = 64 if bdv <= 128 else 32
     if ai.L <= 32:
         bm = 16
+    if half and np2(ai.E) <= 128 and np2(ai.Ev) <= 128 and ai.L > 64:
+        # Triton's own tutorial point: the whole head dim in one slice, Q loaded once per program
+        bm, bd = 128, max(16, np2(ai.E))
+    else:
+        bd = min(max(16, np2(ai.E)), 64)
     base = {"BLOCK_M": bm, "BLOCK_N": 64 if half and bdv <= 128 else 32,
-            "BLOCK_D": min(max(16, np2(ai.E)), 64), "BLOCK_DV": bdv,
-            "num_warps": 8 if bm * bdv >= 64 * 128 else 4, "num_stages": 2, "precision": "tf32x3"}
+            "BLOCK_D": bd, "BLOCK_DV": bdv,
+            "num_warps": 8 if bm * bdv >= 64 * 128 else 4, "num_stages": 3 if half else 2,
+            "precision": "tf32x3"}
     for w in (base["num_warps"], 8):  # more warps before smaller tiles
         for bn in (base["BLOCK_N"], 32, 16):
             p = {**base, "num_warps": w, "BLOCK_N": bn}
@@ -131,19 +140,30 @@ def render(task, p: dict) -> str:
         lines.append(f"    hi = tl.minimum({_i(S_)}, (pid_m + 1) * BLOCK_M)")
     else:
         lines.append(f"    hi = {_i(S_)}")
+    # Masks only where a tile can run past its tensor: a load under a mask that is always true
+    # still costs the compare and keeps Triton from proving the access in bounds.
+    full_d = E_ % p["BLOCK_D"] == 0
+    q_mask = " & ".join(x for x in ("row_ok[:, None]", "" if full_d else "d_ok[None, :]") if x)
+    k_mask = " & ".join(x for x in ("key_ok[None, :]", "" if full_d else "d_ok[:, None]") if x)
+    q_load = (f"tl.load(q_base + rows[:, None] * {_i(q.strides[2])} + ds[None, :] * {_i(q.strides[3])}, "
+              f"mask={q_mask}, other=0.0)")
+    k_load = (f"tl.load(k_base + keys[None, :] * {_i(k.strides[2])} + ds[:, None] * {_i(k.strides[3])}, "
+              f"mask={k_mask}, other=0.0)")
+    if p["BLOCK_D"] >= E_:  # one slice: Q is loaded once per program, not per key block
+        lines += ["    ds = tl.arange(0, BLOCK_D)"] + ([] if full_d else [f"    d_ok = ds < {_i(E_)}"])
+        lines += [f"    qt = {q_load}"]
+        scores = [f"        s = tl.dot(qt, {k_load}, tl.zeros((BLOCK_M, BLOCK_N), tl.float32){prec})"]
+    else:
+        scores = ["        s = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)",
+                  f"        for d0 in range(0, {_i(E_)}, BLOCK_D):",
+                  "            ds = d0 + tl.arange(0, BLOCK_D)"]
+        scores += [] if full_d else [f"            d_ok = ds < {_i(E_)}"]
+        scores += [f"            qt = {q_load}", f"            kt = {k_load}", f"            s = tl.dot(qt, kt, s{prec})"]
     lines += [
         "    for j0 in range(0, hi, BLOCK_N):",
         f"        keys = (j0 + tl.arange(0, BLOCK_N)){cast}",
         f"        key_ok = keys < {_i(S_)}",
-        "        s = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)",
-        f"        for d0 in range(0, {_i(E_)}, BLOCK_D):",
-        "            ds = d0 + tl.arange(0, BLOCK_D)",
-        f"            d_ok = ds < {_i(E_)}",
-        f"            qt = tl.load(q_base + rows[:, None] * {_i(q.strides[2])} + ds[None, :] * {_i(q.strides[3])},",
-        "                         mask=row_ok[:, None] & d_ok[None, :], other=0.0)",
-        f"            kt = tl.load(k_base + keys[None, :] * {_i(k.strides[2])} + ds[:, None] * {_i(k.strides[3])},",
-        "                         mask=key_ok[None, :] & d_ok[:, None], other=0.0)",
-        f"            s = tl.dot(qt, kt, s{prec})",
+        *scores,
         f"        s = s * {float(ai.scale)!r}",
         "        ok = row_ok[:, None] & key_ok[None, :]",
     ]
