@@ -69,15 +69,17 @@ class _AfterEager(nn.Module):
 
 
 def test_the_compared_pair_pays_for_what_ran_before_it_alike():
-    """compile and kforge are the same forward; whichever follows eager pays 4 ms more. On both
+    """compile and kforge are the same forward; whichever follows eager pays 40 ms more. On both
     clocks each of the pair follows eager in half the rounds, so the pair reads equal (in a fixed
-    order compile alone paid: 1.4x for nothing)."""
-    fns = {n: _AfterEager(n, 10.0 if n != "eager" else 2.0, 4.0) for n in ("eager", "compile", "kforge")}
+    order compile alone paid: 1.4x for nothing). The penalty is 4x the forward and "slow" is
+    read half way to it, so a loaded machine's late wake-ups (a 4 ms penalty read against a
+    12 ms line failed under CI's load) do not decide the count."""
+    fns = {n: _AfterEager(n, 10.0 if n != "eager" else 2.0, 40.0) for n in ("eager", "compile", "kforge")}
     thr = measure.throughput(fns, (None,), "cpu", rounds=8, block=1, warmup=0)
     lat = measure.latency(fns, (None,), "cpu", iters=8, warmup=0, max_rounds=1)
     for s in (thr, lat):
-        slow = sum(1 for t in s.times["compile"] if t > 12.0)
-        assert slow == sum(1 for t in s.times["kforge"] if t > 12.0) == 4, s.times
+        slow = sum(1 for t in s.times["compile"] if t > 30.0)
+        assert slow == sum(1 for t in s.times["kforge"] if t > 30.0) == 4, s.times
         pair = [sorted(s.times[k]) for k in ("compile", "kforge")]
         assert abs(sum(pair[0]) / sum(pair[1]) - 1.0) < 0.1, s.times
 
