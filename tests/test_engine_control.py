@@ -257,8 +257,11 @@ def test_a_region_whose_baseline_fails_is_listed_failed_and_the_others_are_searc
     run = tmp_path / "run"
     ev_ = FirstBaselineFails()
     seen: list = []
+    # both regions named: which of two small regions has headroom is a timing on a loaded CPU,
+    # and with one selected its failure was the whole run's (a flake in CI, 2026-12-07)
     summary = asyncio.run(Engine(OptimizeSettings(model=str(model), device="cpu", top=2, parallel=1, budget=2,
-                                                  run_dir=str(run), end_to_end=False),
+                                                  run_dir=str(run), end_to_end=False,
+                                                  ops=["softmax", "layer_norm"]),
                                  seen.append, evaluator=ev_, proposer=ScriptedProposer()).run())
     assert len(ev_.baselines) == 2
     bad, good = ev_.baselines
