@@ -49,6 +49,25 @@ def node(i, params, status="ok"):
     return NodeView(node_id=i, parent_id=0, action="x", source="...", params=dict(params), status=status)
 
 
+async def walk(prop, task, nodes: dict, tried: list, steps: int = 500):
+    """Expand the nodes that can still expand, round robin, until none can (or `steps` run out),
+    yielding each (parent, proposal) for the caller to check before it is recorded: a proposal
+    with a source joins `tried` and becomes a node of `nodes` (both the caller's, to read after)."""
+    def mode(n):
+        return "root" if n.node_id == 0 else "improve"
+
+    for step in range(steps):
+        expandable = [n for n in nodes.values() if prop.can_expand(ctx_for(task, n, mode(n), tried))]
+        if not expandable:
+            return
+        parent = expandable[step % len(expandable)]
+        p = await prop.propose(ctx_for(task, parent, mode(parent), tried, seed=step))
+        yield parent, p
+        if p.source is not None:
+            tried.append(p.params)
+            nodes[len(nodes)] = node(len(nodes), p.params)
+
+
 def space_size(fam, task) -> int:
     import itertools
 
@@ -83,20 +102,11 @@ async def test_walk_never_repeats_and_exhausts_the_space():
     nodes = {0: ROOT}
     tried: list[dict] = []
     seen = set()
-    for step in range(500):
-        expandable = [n for n in nodes.values()
-                      if prop.can_expand(ctx_for(task, n, "root" if n.node_id == 0 else "improve", tried))]
-        if not expandable:
-            break
-        parent = expandable[step % len(expandable)]
-        mode = "root" if parent.node_id == 0 else "improve"
-        p = await prop.propose(ctx_for(task, parent, mode, tried, seed=step))
+    async for _, p in walk(prop, task, nodes, tried):
         assert p.source is not None, p.error
         key = json.dumps(p.params, sort_keys=True)
         assert key not in seen, f"repeated {p.params}"
         seen.add(key)
-        tried.append(p.params)
-        nodes[len(nodes)] = node(len(nodes), p.params)
     assert len(seen) == space_size(fam, task)
     p = await prop.propose(ctx_for(task, nodes[1], "improve", tried))
     assert p.source is None and p.exhausted

@@ -14,10 +14,8 @@ import torch
 from kforge_tui.regions import build, patterns
 from kforge_tui.regions.build import tasks_of
 from kforge_tui.search.designs import FamilyDesign, designs_for
-from kforge_tui.search.proposers.base import NodeView, ProposalContext
 from kforge_tui.search.proposers.builtin import BuiltinProposer
-
-ROOT = NodeView(node_id=0, parent_id=None, action="root", source=None, status="ok")
+from test_builtin_proposer import ROOT, ctx_for, walk
 
 
 def softmax_task():
@@ -46,13 +44,6 @@ class RefusesToRender:
         if self.refused(params):
             raise ValueError("boom: this point does not render")
         return self.design.render(task, params)
-
-
-def ctx_for(task, parent, mode, tried=(), seed=0) -> ProposalContext:
-    return ProposalContext(task=task.to_json(), signature=task.signature().declaration(), canonical="",
-                           reference="", device={"sms": 2}, eager_us=10.0, compiled_us=None, floor_us=1.0,
-                           parent=parent, ancestors=[], siblings=[], tried=[dict(t) for t in tried],
-                           mode=mode, seed=seed)
 
 
 def the_family(task):
@@ -96,20 +87,12 @@ async def test_a_walk_over_a_space_with_unrenderable_points_never_spends_a_slot_
     points = [dict(zip(keys, vals)) for vals in itertools.product(*fam.space.values())]
     renderable = [p for p in points if fam.valid(task, p) and not refused(p)]
     assert 0 < len(renderable) < len([p for p in points if fam.valid(task, p)])
-    nodes, tried = {0: ROOT}, []
-    for step in range(500):
-        expandable = [n for n in nodes.values()
-                      if prop.can_expand(ctx_for(task, n, "root" if n.node_id == 0 else "improve", tried))]
-        if not expandable:
-            break
-        parent = expandable[step % len(expandable)]
-        p = await prop.propose(ctx_for(task, parent, "root" if parent.node_id == 0 else "improve", tried, step))
+    tried = []
+    async for parent, p in walk(prop, task, {0: ROOT}, tried):
         if p.source is None:  # only when nothing renderable is left from this parent
             assert p.exhausted and not prop.can_expand(ctx_for(task, parent, "improve", tried)), p.error
             continue
         assert not refused(p.params) and p.params not in tried
-        tried.append(p.params)
-        nodes[len(nodes)] = NodeView(len(nodes), 0, "x", "...", params=dict(p.params), status="ok")
     assert len(tried) == len(renderable)
 
 

@@ -37,12 +37,13 @@ cpu: OpenMP over rows (or row blocks, or (row, split) units), `omp simd` over la
 """
 from __future__ import annotations
 
+import functools
+
 from kforge_tui.search.codegen import kbuild as K
-from kforge_tui.search.codegen.ir import Emitter, Scope
-from kforge_tui.search.codegen.sym import Form, Unsupported, var
-from kforge_tui.search.codegen.rows.plan import RPlan, plan_of
+from kforge_tui.search.codegen.sym import Unsupported
+from kforge_tui.search.codegen.rows.plan import RPlan, plan_of, reads_own_rows
 from kforge_tui.search.codegen.rows.cuda import cuda_render
-from kforge_tui.search.codegen.rows.cpu import CpuRed
+from kforge_tui.search.codegen.rows.cpu import CpuRed, block_row
 
 
 # ------------------------------------------------------------------------------ designs
@@ -199,56 +200,18 @@ def cpu_cols_valid(task, p) -> bool:
         return False
     if p["splits"] > 1 and p["splits"] * 16 > P.N:
         return False
-    return _cols_rows_own(task, p["block"])
+    return _cols_own_rows(P, p["block"])
 
 
-_OWN_ROWS: dict = {}
-
-
-def _cols_rows_own(task, block: int) -> bool:
-    """Whether the cpu cols kernel with this `block` can be rendered: its rows are
-    rb * block + j (CpuRed._row), and a block past the last row leaves the index algebra
-    unable to prove that a value read at such a row is that row's reduction (group_norm's
-    channel index, taken modulo the groups), which render refuses ("the epilogue reads the
-    reduction of another row"). Here the same reads are checked, so no such point is proposed
-    and charged to the budget as a proposal error."""
-    key = (task.key, block)
-    hit = _OWN_ROWS.get(key)
-    if hit is None:
-        P = plan_of(task)
-        hit = _reads_own_rows(P, var("rb", -(-P.ROWS // block)) * block + var("j", block), ("rb", "j"))
-        if len(_OWN_ROWS) > 1024:
-            _OWN_ROWS.clear()
-        _OWN_ROWS[key] = hit
-    return hit
-
-
-def _reads_own_rows(P: RPlan, row: Form, loops: tuple) -> bool:
-    """The check Gen._red_value makes while a kernel is emitted, made without emitting it:
-    every reduction value read - by a later stage's accumulation (softmax's exp(x - max)), by an
-    output on the domain or on the rows - at the layout's row form `row` is read at that row."""
-    em = Emitter(P.R, P.task.backend)
-    em.load = lambda em_, v, off: "0"
-    own = [True]
-
-    def red_value(em_, v, idx) -> str:
-        if P.row_of(v, idx) != row:
-            own[0] = False
-        return "0"
-
-    em.red_value = red_value
-    em.push(Scope(loops + ("r",), red=True))
+@functools.lru_cache(maxsize=1024)
+def _cols_own_rows(P: RPlan, block: int) -> bool:
+    """reads_own_rows at the cols row of this `block`, the check render makes first: a point it
+    fails is never proposed (and charged to the budget as a proposal error). Cached per plan
+    (plan_of's, by identity): the proposer asks at every point it weighs."""
     try:
-        sidx = P.sidx(row, var("r", P.N))
-        for c in P.comps:
-            em.value(c.red.inp, sidx)
-        for k, name, mode in P.elem_out:
-            em.value(name, P.out_idx_elem(k, mode, sidx))
-        for k, name, mode in P.row_out:
-            em.value(name, P.out_idx_row(k, mode, row))
+        return reads_own_rows(P, block_row(P.ROWS, block))
     except (Unsupported, ValueError):  # what render would raise too (generate drops those)
         return False
-    return own[0]
 
 
 def cpu_cols_default(task) -> dict:

@@ -8,9 +8,9 @@ import dataclasses
 from kforge_tui.search.csrc import OMP_MIN_WORK
 from kforge_tui.search.codegen import kbuild as K
 from kforge_tui.search.codegen.ir import Scope
-from kforge_tui.search.codegen.sym import Form, const, var
+from kforge_tui.search.codegen.sym import Form, Unsupported, const, var
 from kforge_tui.search.codegen.rows.plan import (RPlan, Gen, stage_comps, acc_names, scratch, finalize,
-                                                 row_outputs)
+                                                 reads_own_rows, row_outputs)
 
 
 # ------------------------------------------------------------------------------ cpu
@@ -38,6 +38,12 @@ def _f64_sums(plan: RPlan) -> tuple[RPlan, dict]:
     wide = copy.copy(plan)  # plan_of's cached plan is shared with the cuda emitters: not edited
     wide.comps = comps
     return wide, part
+
+
+def block_row(rows: int, block: int) -> Form:
+    """The cols layout's row: row j of row block rb (past the last row in a partial last block).
+    The render and cpu_cols_valid's ownership check both take it from here."""
+    return var("rb", -(-rows // block)) * block + var("j", block)
 
 
 def _ind(lines: list, pad: str = "  ") -> list:
@@ -68,7 +74,7 @@ class CpuRed:
     def _row(self) -> Form:
         if self.layout == "rows":
             return var("row", self.P.ROWS)
-        return var("rb", self.NU) * self.B + var("j", self.B)
+        return block_row(self.P.ROWS, self.B)
 
     def _outer(self) -> tuple:
         return ("row",) if self.layout == "rows" else ("rb",)
@@ -334,6 +340,8 @@ class CpuRed:
 
     def render(self) -> str:
         P, task = self.P, self.task
+        if not reads_own_rows(P, self._row()):  # cpu_cols_valid asks the same: no such point is proposed
+            raise Unsupported("the epilogue reads the reduction of another row")
         body = [K.ptr_decls(task, "cpu")]
         if self.splits == 1:
             body += ["  " + x for x in self.block(list(range(P.nstages)), [], None, True, False, self.NU)]

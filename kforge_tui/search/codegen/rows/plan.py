@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from kforge_tui.search.codegen import kbuild as K
-from kforge_tui.search.codegen.cexpr import COMPUTE_C, ELEM_BYTES, FLOATS, cast, literal
+from kforge_tui.search.codegen.cexpr import COMPUTE_C, ELEM_BYTES, FLOATS, Ref, broadcast_idx, cast, literal
 from kforge_tui.search.codegen.ir import Emitter, Scope, region_of
 from kforge_tui.search.codegen.sym import Form, Unsupported, const, ravel, unravel, var
 
@@ -216,6 +216,42 @@ def plan_of(task) -> RPlan:
     if isinstance(hit, Unsupported):
         raise hit
     return hit
+
+
+def reads_own_rows(P: RPlan, row: Form) -> bool:
+    """Whether every reduction value a kernel at row form `row` reads - in a later stage's
+    accumulation (softmax's exp(x - max)), an output on the domain or on the rows - is provably
+    its own row's (the check Gen._red_value makes while emitting). A row form that runs past the
+    last row (the cpu cols layout's last block) can leave the index algebra unable to prove it
+    (group_norm's channel index, taken modulo the groups). Walks the value graph along the
+    indices Emitter.value passes down (views' maps, operands broadcast), so a validity check
+    can ask without emitting; raises Unsupported where those index maps do (emission would too)."""
+    R = P.R
+    sidx = P.sidx(row, var("r", P.N))
+    todo = [(c.red.inp, sidx) for c in P.comps]
+    todo += [(name, P.out_idx_elem(k, mode, sidx)) for k, name, mode in P.elem_out]
+    todo += [(name, P.out_idx_row(k, mode, row)) for k, name, mode in P.row_out]
+    seen = set()
+    while todo:
+        name, idx = todo.pop()
+        v = R.vals[name]
+        if len(idx) != len(v.shape):
+            raise Unsupported(f"index rank mismatch at {name}")
+        idx = [const(0) if s == 1 else i for i, s in zip(idx, v.shape)]
+        key = (name, tuple(f.key for f in idx))
+        if key in seen:
+            continue
+        seen.add(key)
+        if v.kind == "view":
+            todo.append((v.base, v.vmap(idx)))
+        elif v.kind == "red":
+            if P.row_of(v, idx) != row:
+                return False
+        elif v.kind == "op":
+            todo += [(a.name, broadcast_idx(idx, R.vals[a.name].shape)) for a in v.a.values() if isinstance(a, Ref)]
+        elif v.kind not in ("input", "const"):
+            raise Unsupported(f"value {name} of kind {v.kind}")
+    return True
 
 
 # ------------------------------------------------------------------------------ shared emission
