@@ -73,6 +73,17 @@ def test_the_measured_embedding_regions_fit_their_deadlines():
     assert eval_deadline(60, GIB // 2, 4, "cpu") > 266
 
 
+def test_a_compiled_hash_gives_a_shorter_deadline_that_still_covers_the_measured_table():
+    """With the worker's hash compiled (CHECK_S_PER_GIB): the 262144x256 table in 4 sets (a 2.03
+    GiB arena) took 19-36 s an evaluation on the CI box (2026-12-07). Where the worker did not
+    say (a Ray slot's upper bound, an old worker) or its hash is eager, the eager rate stands."""
+    arena = int(2.03 * GIB)
+    fast = eval_deadline(60, arena, 4, "cpu", hash_compiled=True)
+    assert 60 + 36 < fast < eval_deadline(60, arena, 4, "cpu", hash_compiled=False)
+    assert eval_deadline(60, arena, 4, "cpu") == eval_deadline(60, arena, 4, "cpu", hash_compiled=False)
+    assert eval_deadline(60, GIB, 4, "cpu", hash_compiled=False) > 384  # the eager measurement
+
+
 def test_the_verdict_names_the_deadline_and_the_arena():
     d = eval_deadline(60, 2 * GIB, 4, "cpu")
     said = describe_deadline(d, 60, 2 * GIB, 4)
@@ -85,7 +96,7 @@ def test_the_verdict_names_the_deadline_and_the_arena():
 
 # ------------------------------------------------------------------------ the pool's plumbing
 
-def _pool_with_fake_worker(tmp_path, arena_bytes: int, sets: int, **kw):
+def _pool_with_fake_worker(tmp_path, arena_bytes: int, sets: int, hash_compiled=None, **kw):
     """An EvaluatorPool whose one worker prepares a task of `arena_bytes` in `sets` sets and then
     never answers the evaluation: what the pool asked, and with which timeout, is recorded."""
     pool = EvaluatorPool("cpu", cache_dir=tmp_path, timing=TIMING, **kw)
@@ -96,7 +107,7 @@ def _pool_with_fake_worker(tmp_path, arena_bytes: int, sets: int, **kw):
     async def request(payload, timeout, on_event=None):
         asked.append((payload, timeout))
         if payload["cmd"] == "prepare":
-            return {"ok": True, "arena_bytes": arena_bytes, "sets": sets}
+            return {"ok": True, "arena_bytes": arena_bytes, "sets": sets, "hash_compiled": hash_compiled}
         raise asyncio.TimeoutError
 
     async def restart(worker):
@@ -123,6 +134,13 @@ async def test_the_pool_sends_the_deadline_of_the_task_s_arena_and_waits_for_it(
     assert r.status == "timeout", r.message
     assert r.message.startswith(f"no result after {d:g} s (deadline 60 s + "), r.message
     assert "4 GiB arena of 4 input sets" in r.message and "worker killed and restarted" in r.message
+
+
+async def test_the_pool_gives_the_compiled_hash_s_deadline_where_the_worker_says_so(tmp_path):
+    pool, asked = _pool_with_fake_worker(tmp_path, 4 * GIB, 4, hash_compiled=True, eval_timeout_s=60)
+    await pool.evaluate_built(small_task().to_json(), str(tmp_path), str(tmp_path / "k.so"))
+    assert asked[1][0]["deadline_s"] == eval_deadline(60, 4 * GIB, 4, "cpu", hash_compiled=True)
+    assert asked[1][0]["deadline_s"] < eval_deadline(60, 4 * GIB, 4, "cpu")
 
 
 async def test_a_fixed_deadline_is_kept_when_asked(tmp_path):
@@ -163,7 +181,7 @@ def sleeper(tmp_path_factory):
 async def test_a_small_task_gets_the_base_deadline(prepared):
     pool, _, b = prepared
     tid = Task.from_json(pool._task_json(small_task().to_json())).task_id
-    arena, sets = pool._workers[0].sizes[tid]  # what the worker said when it prepared the task
+    arena, sets, _ = pool._workers[0].sizes[tid]  # what the worker said when it prepared the task
     assert sets == b.sets and 0 < arena <= WATCH_COPY_LIMIT
     assert eval_deadline(pool.eval_timeout_s, arena, sets, pool.device_kind) == pool.eval_timeout_s
 

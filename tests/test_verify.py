@@ -731,6 +731,28 @@ def test_the_keyed_hash_is_the_same_sum_however_it_is_cut(monkeypatch, chunk):
         assert int(inputs.checksum_tensor(buf, 11)) & ((1 << 64) - 1) == want, (start, n)
 
 
+def test_the_compiled_cpu_hash_is_the_same_sum(monkeypatch):
+    """Big cpu arenas are hashed by one Inductor-compiled pass (13x eager's speed on the CI box):
+    it must give the hash written out word by word, so a digest taken eagerly (a small piece)
+    compares with one taken compiled, and one taken before a fallback with one after."""
+    from kforge_tui.sandbox import inputs
+
+    monkeypatch.setattr(inputs, "_MIX_COMPILED", {})
+    monkeypatch.setattr(inputs, "CPU_COMPILE_MIN_WORDS", 64)  # these small buffers take the compiled pass
+    assert inputs.warm_checksum("cpu")  # this box (and CI) has the compiler Inductor needs
+    compiled = inputs._MIX_COMPILED["cpu"]
+    assert compiled is not inputs._mix
+    g = torch.Generator().manual_seed(6)
+    whole = torch.randint(0, 256, (8 * 4099 + 16,), dtype=torch.uint8, generator=g)
+    for start, n in ((0, 8 * 4096), (3, 8 * 4099), (5, 8 * 70 + 3)):
+        buf = whole[start:start + n]
+        assert verify.checksum(buf, 12) == _reference_checksum(bytes(buf.tolist()), start, 12), (start, n)
+    changed = whole.clone()
+    changed[8 * 1000 + 3] ^= 1
+    assert verify.checksum(changed, 12) != verify.checksum(whole, 12)
+    assert inputs._MIX_COMPILED["cpu"] is compiled  # no fallback was taken on the way
+
+
 def test_edge_judge_allows_the_regions_own_sensitivity_not_more():
     """Ill-conditioned edge cases (a layer_norm of a row of equal values divides rounding noise by
     sqrt(eps)): PyTorch's own error can be zero by luck of its summation order, so the judge also

@@ -63,10 +63,15 @@ BACKENDS = ("cpu", "cuda", "triton")  # candidate languages
 # 20.7 loaded (eager int64 passes); whole evaluations of a float32 embedding table (4 sets,
 # honest kernel), 262144x256 (1.0 GiB arena): 384 s and 369 s, 364 s and 348 s of it in the
 # arena watch over 27-28 checked calls; 131072x256 (0.5 GiB): 266 s, 249 s over 26 calls. That
-# is 13-19 s a GiB-call; 20 covers the worst. Remeasure if `checksum` is compiled on the cpu (a
-# compiled `_mix` ran 0.74 s/GiB against eager's 20.7 there, same sums). cuda: one compiled pass
-# at memory speed.
-CHECK_S_PER_GIB = {"cpu": 20.0, "cuda": 0.5}
+# is 13-19 s a GiB-call; 20 covers the worst. That was the eager hash, still the rate where
+# Inductor cannot compile it (no C++ compiler) or where it is not known (EAGER_CHECK_S_PER_GIB).
+# The compiled hash (`inputs.warm_checksum`, reported by the worker at prepare): the same
+# 262144x256 table (4 sets, 2.03 GiB arena), same box, 2026-12-07, two honest candidates:
+# 19-36 s an evaluation, 4.4 s of it in the arena watch over 23 checked calls (0.09 s a
+# GiB-call in the watch, 0.4 whole); 3 leaves the eager machine's ~8x margin for a loaded box.
+# cuda: one compiled pass at memory speed.
+CHECK_S_PER_GIB = {"cpu": 3.0, "cuda": 0.5}
+EAGER_CHECK_S_PER_GIB = 20.0
 # Checked calls of one evaluation at most, beside 2 per input set (verification: each set once,
 # up to as many again): edge cases 5, replays 4 + 6 + 4, the float64 check 1, and every timed
 # call of a long-running region (warm-up and MIN_SAMPLES) 8. The counts are drawn per candidate;
@@ -76,13 +81,19 @@ WATCH_COPY_LIMIT = 256 << 20  # inputs.ArenaWatch.COPY_LIMIT (not imported: the 
 
 
 def eval_deadline(base_s: float, arena_bytes: int, sets: int = 1, device: str = "cpu",
-                  s_per_gib: float | None = None) -> float:
+                  s_per_gib: float | None = None, hash_compiled: bool | None = None) -> float:
     """Seconds a candidate's evaluation may take: `base_s`, plus, for an arena the checks must
-    hash on every call, its GiB times the checked calls times `s_per_gib` (CHECK_S_PER_GIB of
-    the device unless given; 0 keeps the deadline at `base_s`). A fixed deadline made every
+    hash on every call, its GiB times the checked calls times `s_per_gib` (unless given:
+    CHECK_S_PER_GIB of the device, on the cpu only where the worker said its hash is compiled,
+    else EAGER_CHECK_S_PER_GIB; 0 keeps the deadline at `base_s`). A fixed deadline made every
     candidate of a GiB-sized region "timeout" in the harness's own checks (the arena watch of a
     1 GiB embedding table alone took 53 s of 60)."""
-    per = CHECK_S_PER_GIB.get(device, CHECK_S_PER_GIB["cpu"]) if s_per_gib is None else s_per_gib
+    if s_per_gib is not None:
+        per = s_per_gib
+    elif device == "cuda":
+        per = CHECK_S_PER_GIB["cuda"]
+    else:
+        per = CHECK_S_PER_GIB["cpu"] if hash_compiled else EAGER_CHECK_S_PER_GIB
     if not arena_bytes or arena_bytes <= WATCH_COPY_LIMIT or per <= 0:
         return float(base_s)
     extra = per * arena_bytes / 2**30 * (CHECKED_CALLS + 2 * max(1, sets))
@@ -137,7 +148,8 @@ class _Worker:
         self.lines_seen = 0
         self.evaluations = 0
         self.prepared: set[str] = set()
-        self.sizes: dict[str, tuple[int, int]] = {}  # task id -> (arena bytes, sets), from prepare
+        # task id -> (arena bytes, sets, hash compiled or None: not said), from prepare
+        self.sizes: dict[str, tuple[int, int, bool | None]] = {}
         self.info: dict = {}
         self._next = 1
         self._stderr_task: asyncio.Task | None = None
@@ -188,7 +200,7 @@ class _Worker:
     def note_sizes(self, tid: str, rep: dict) -> None:
         """What a prepare reply says of the task's sets (the deadline follows their bytes)."""
         if rep.get("arena_bytes"):
-            self.sizes[tid] = (int(rep["arena_bytes"]), int(rep.get("sets") or 1))
+            self.sizes[tid] = (int(rep["arena_bytes"]), int(rep.get("sets") or 1), rep.get("hash_compiled"))
 
     def tail_text(self, since: int | None = None) -> str:
         lines = list(self.tail)
@@ -441,9 +453,9 @@ class EvaluatorPool:
                 w.note_sizes(tid, rep)
                 prep_s = time.perf_counter() - tp
             base_s = timeout
-            arena_bytes, sets = w.sizes.get(tid, (0, 1))
+            arena_bytes, sets, hashed = w.sizes.get(tid, (0, 1, None))
             if payload.get("cmd") == "evaluate":
-                timeout = eval_deadline(base_s, arena_bytes, sets, self.device_kind, self.eval_s_per_gib)
+                timeout = eval_deadline(base_s, arena_bytes, sets, self.device_kind, self.eval_s_per_gib, hashed)
             since = w.lines_seen
             try:
                 rep = await w.request({**payload, "task": tj, "run_dir": run_dir,

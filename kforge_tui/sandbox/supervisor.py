@@ -300,8 +300,19 @@ class Worker(RemoteTiming):
             self._add_note(st, st.baseline["seed_note"])
         self._top_up()
         # the arena's bytes and the sets in it: the pool's deadline for a candidate follows them
-        return {"baseline": st.baseline, "note": st.note, "arena_bytes": self._arena_bytes(st),
-                "sets": len(st.sets)}
+        rep = {"baseline": st.baseline, "note": st.note, "arena_bytes": self._arena_bytes(st),
+               "sets": len(st.sets)}
+        if rep["arena_bytes"] > self._watch_copy_limit():  # checks hash it on every call
+            from kforge_tui.sandbox import inputs
+
+            rep["hash_compiled"] = inputs.warm_checksum(st.arena.tensor.device)
+        return rep
+
+    @staticmethod
+    def _watch_copy_limit() -> int:
+        from kforge_tui.sandbox.inputs import ArenaWatch
+
+        return ArenaWatch.COPY_LIMIT
 
     @staticmethod
     def _arena_bytes(st: "PreparedTask") -> int:
