@@ -961,6 +961,34 @@ def test_edge_judge_compares_like_with_like_where_pytorch_is_nan():
     assert judge_f64(ref64, torch_out, got_bad, "float32", "edge") is not None
 
 
+def test_where_pytorch_overflowed_any_overflow_is_like_with_like():
+    """(elu(a) + 1) * exp(-c) * v at +-100 (a held-out model, 2026-12-07): the float64 run is
+    finite (1.39e35), PyTorch's f32 run is NaN (inf * 0) and a faithful f32 kernel's is inf
+    (inf * 1e-44): both overflowed, in a different order. Where PyTorch is finite a non-finite
+    result still fails, and where PyTorch overflowed a finite result must be the float64 one."""
+    from kforge_tui.sandbox.verify import judge_f64
+
+    ref64 = torch.linspace(-1, 1, 64, dtype=torch.float64)
+    ref64[:8] = 1.39e35
+    torch_out = ref64.float().clone()
+    torch_out[:8] = float("nan")
+    torch_out[8:12] = float("inf")
+    ref64[8:12] = 2.0e35
+    got = torch_out.clone()
+    got[:8] = float("inf")  # PyTorch: NaN
+    got[8:12] = float("nan")  # PyTorch: inf
+    assert judge_f64(ref64, torch_out, got, "float32", "edge") is None
+    in_f64 = got.clone()
+    in_f64[:12] = ref64[:12].float()  # computed without overflowing: the float64 result
+    assert judge_f64(ref64, torch_out, in_f64, "float32", "edge") is None
+    finite_wrong = got.clone()
+    finite_wrong[:8] = 0.0  # PyTorch overflowed there, but 0 is not the float64 result
+    assert judge_f64(ref64, torch_out, finite_wrong, "float32", "edge") is not None
+    nan_where_finite = got.clone()
+    nan_where_finite[20] = float("nan")  # PyTorch and float64 finite there
+    assert judge_f64(ref64, torch_out, nan_where_finite, "float32", "edge") is not None
+
+
 def test_a_replay_that_is_never_wrong_is_caught_by_its_speed_on_seen_inputs():
     """A cache of whole calls keyed on a full compare of the inputs is never wrong; with fresh
     inputs on every timed call it never hits - except on the replay probes, which repeat the
