@@ -294,7 +294,7 @@ def _plan(settings, args) -> str:
         "no end-to-end check (`--apply`, or `kforge apply` later)"
     line = f"plan: {what}, {settings.budget} candidates each, {e2e}"
     if settings.device == "cpu" and not settings.llm:
-        n = len(settings.ops or ()) or settings.top
+        n = max(len(settings.ops), settings.top) if settings.ops else settings.top  # select's rule
         per = CPU_SECONDS_PER_CANDIDATE / max(1, min(settings.parallel or 2, os.cpu_count() or 2))
         est = CPU_FIXED_S + n * (settings.budget + 2) * per + (240 if settings.end_to_end else 0)
         line += (f"; about {max(1, round(est / 60))} min on this CPU ({os.cpu_count()} cores; "

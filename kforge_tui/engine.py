@@ -266,12 +266,16 @@ class Engine:
                 continue
             tasks.append(replace(t, calls=row.calls, total_us=row.total_us, share=row.share,
                                  compiled_us=row.compiled_us))
-        serves, passed = getattr(self._proposer, "serves", None), []
-        chosen = select(tasks, s.ops, s.top, prof, passed=passed,
+        serves, passed, left = getattr(self._proposer, "serves", None), [], []
+        chosen = select(tasks, s.ops, s.top, prof, passed=passed, left=left,
                         serves=serves and (lambda t: serves(t, self.languages)))
         for t in passed:
             self.log(f"{t.op} {'x'.join(map(str, t.shape))}: passed over, no built-in kernel design fits "
                      "this region (an LLM can write one: --llm MODEL)")
+        if left:
+            self.log(f"--ops: {len(left)} more matching region(s) not searched, --top {s.top} is full: "
+                     + ", ".join(f"{t.op} {'x'.join(map(str, t.shape))}" for t in left[:6])
+                     + (" …" if len(left) > 6 else "") + f" (--top {len(chosen) + len(left)} searches them)")
         if passed and not chosen:
             raise UsageError("no region this model's profile ranks has a built-in kernel design; "
                              "--llm MODEL writes kernels for any region")

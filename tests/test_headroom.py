@@ -122,6 +122,24 @@ def test_no_headroom_is_one_usage_error_line(tmp_path):
     assert "Traceback" not in p.stderr and not (tmp_path / "r").exists()
 
 
+def test_every_op_named_gets_a_region_whatever_top_says_and_the_rest_are_named():
+    """--ops softmax,layer_norm,sigmoid,cumsum with --top 3 searched three of them and said
+    nothing of the fourth (a held-out sweep, 2026-12-07). Each name now gets its best-ranked
+    region; --top fills from the other matches by rank, and matches left out are returned."""
+    from kforge_tui.workload.select import select
+
+    ts = _tasks()
+    a, b, c = ts["gelu"], ts["softmax"], ts["linear"]  # ranked by their time: gelu, softmax, linear
+    left: list = []
+    assert select([a, b, c], ["gelu", "softmax", "linear"], 1, None, left=left) == [a, b, c] and left == []
+    fused = [t for t in (a, b, c) if t.kind in ("pointwise", "reduction")]  # in rank order
+    assert len(fused) == 2
+    got = select([a, b, c], ["fused"], 1, None, left=left)  # one name, two matches: top caps them
+    assert got == fused[:1] and left == fused[1:]
+    left = []
+    assert select([a, b, c], ["fused"], 2, None, left=left) == fused and left == []
+
+
 def test_regions_the_proposer_can_write_nothing_for_are_passed_over_while_top_fills():
     """GPT-2's attention (q/k/v split from one input) has no built-in design: it took a slot of
     a first run and ended with 0 candidates. Selection passes it over and says so."""
@@ -134,7 +152,10 @@ def test_regions_the_proposer_can_write_nothing_for_are_passed_over_while_top_fi
     passed: list = []
     got = select([a, b, c], None, 2, None, serves=lambda t: t is not a, passed=passed)
     assert got == [b, c] and passed == [a]
-    assert select([a, b, c], ["gelu"], 2, None, serves=lambda t: False) == [a]  # named: searched anyway
+    # named: passed over too, with the same message (it was searched for 0 candidates and
+    # reported "failed", exit 1, on a held-out model's interpolate, 2026-12-07)
+    passed = []
+    assert select([a, b, c], ["gelu"], 2, None, serves=lambda t: False, passed=passed) == [] and passed == [a]
     assert BuiltinProposer().serves(b) and BuiltinProposer().serves(a, ["cpu"])
 
     def gpt2_attention(x):  # q, k, v split from one projection, as GPT-2's c_attn gives them

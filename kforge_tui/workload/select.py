@@ -30,11 +30,13 @@ def matches(task: Task, name: str) -> bool:
 
 
 def select(tasks: list[Task], ops: list[str] | None, top: int | None, profile=None, *,
-           serves=None, passed: list | None = None) -> list[Task]:
+           serves=None, passed: list | None = None, left: list | None = None) -> list[Task]:
     """Tasks ranked by headroom (with a profile; else by their time in the forward), filtered
-    by `ops`, capped at `top`; without `ops`, regions with no headroom are left out, and so are
-    those `serves(task)` says the proposer can write nothing for (they go to `passed`, in rank
-    order, while `top` is filled: a first run's slots go to regions it can search)."""
+    by `ops`, capped at `top`. Regions `serves(task)` says the proposer can write nothing for go
+    to `passed` (in rank order) instead of taking a slot. Without `ops`, regions with no
+    headroom are left out. With `ops`, every name gets its best-ranked region whatever `top`
+    says (a user who names four ops wants four searched), then `top` is filled by rank from the
+    other matches; matches that get no slot go to `left`, so the user can be told."""
     rows = {r.task_key: r for r in profile.rows} if profile is not None else None
 
     def room(t: Task) -> float:
@@ -63,17 +65,28 @@ def select(tasks: list[Task], ops: list[str] | None, top: int | None, profile=No
                              f"(--ops {names[0]}; this model has: {', '.join(names[:10])}"
                              f"{' …' if len(names) > 10 else ''})")
         ranked = searched
-    if serves is not None and not ops:
-        out: list[Task] = []
+    if serves is not None:
+        served = []
         for t in ranked:
-            if top and len(out) >= top:
-                break
             if serves(t):
-                out.append(t)
-            elif passed is not None:
-                passed.append(t)
-        return out
-    return ranked[:top] if top else ranked
+                served.append(t)
+            elif passed is not None and (ops or not top or len(served) < top):
+                passed.append(t)  # without ops: only those met while `top` is being filled
+        ranked = served
+    if not ops:
+        return ranked[:top] if top else ranked
+    first = {id(next(t for t in ranked if matches(t, o))) for o in ops if any(matches(t, o) for t in ranked)}
+    room_left = max(0, (top or len(ranked)) - len(first))
+    out = []
+    for t in ranked:
+        if id(t) in first:
+            out.append(t)
+        elif room_left:
+            out.append(t)
+            room_left -= 1
+        elif left is not None:
+            left.append(t)
+    return out
 
 
 def check_ops(tasks, ops: list[str]) -> None:
