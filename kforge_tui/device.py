@@ -111,3 +111,47 @@ def cxx_path() -> str | None:
         if cand and shutil.which(cand):
             return shutil.which(cand)
     return None
+
+
+def cpu_bandwidth(threads: int) -> tuple[float, str]:
+    """This cpu's bandwidth in GB/s as a floor's lower bound, and how it was read: the best of a
+    256 MiB copy (read + write bytes), a 256 MiB read-only sum and a 1 MiB copy that stays in
+    cache (one thread, scaled by `threads`) - best run of each.
+
+    A floor must never be above what an honest kernel can reach. On a cpu the cache flush is
+    not guaranteed to evict everything (VMs misreport the LLC, a 32 MiB flush is a compromise)
+    and a busy box measures DRAM bandwidth low, so the cache-resident rate bounds it: the cpu
+    floor then only catches the grossly impossible (an empty timed region), which is what it is
+    for. The sandbox's floor and the profile's (headroom, "at its floor") are this one figure:
+    a DRAM copy alone put the profile's floors above eager times (an add of 49.7 us at 76.1)."""
+    import time
+
+    import torch
+
+    def best(n_floats: int, reps: int, fn) -> float:
+        src = torch.ones(n_floats, dtype=torch.float32)
+        dst = torch.empty_like(src)
+        fn(src, dst)
+        top = 0.0
+        for _ in range(reps):
+            t = time.perf_counter()
+            nbytes = fn(src, dst)
+            top = max(top, nbytes / (time.perf_counter() - t) / 1e9)
+        return top
+
+    def copy(src, dst):
+        dst.copy_(src)
+        return 2 * src.numel() * 4
+
+    def read(src, dst):
+        src.sum()
+        return src.numel() * 4
+
+    big = 64 * 2**20  # float32 elements: 256 MiB
+    dram_copy, dram_read = best(big, 5, copy), best(big, 5, read)
+    # cache-resident: one thread (no wake-ups to measure), scaled by the thread count
+    hot = best(256 * 1024, 50, lambda src, dst: (dst.numpy().__setitem__(slice(None), src.numpy()),
+                                                 2 * src.numel() * 4)[1]) * threads
+    gbs = max(dram_copy, dram_read, hot)
+    return gbs, (f"cpu bandwidth {gbs:.1f} GB/s (best of 256 MiB copy {dram_copy:.1f}, read "
+                 f"{dram_read:.1f}, cache-resident 1 MiB copy {hot:.1f} (1 thread x {threads}); {threads} threads)")

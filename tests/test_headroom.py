@@ -166,3 +166,38 @@ def test_regions_the_proposer_can_write_nothing_for_are_passed_over_while_top_fi
     (sdpa,) = [t for t in tasks_of(gpt2_attention, (torch.randn(2, 16, 192),)) if "sdpa" in t.op]
     assert not BuiltinProposer().serves(sdpa, ["cpu"])
     assert BuiltinProposer().serves(sdpa.with_backend("cuda"), ["triton", "cuda"])  # Inductor's seed
+
+
+def test_a_region_slower_compiled_alone_than_eager_is_bounded_by_its_eager_time(monkeypatch):
+    """A held-out UNet's silu [2,128] (3 calls, 13 us each eager) compiled alone took ~60 us, all
+    call overhead: its headroom read 167 us, more than it costs, and it took the first slot.
+    In the model it costs no more than eager, so (min(compiled, eager) - floor) x calls."""
+    from kforge_tui.workload import profile as P
+
+    ts = _tasks()
+    gelu, softmax = ts["gelu"], ts["softmax"]
+    monkeypatch.setattr(P, "machine_rates", lambda device: 1e6)  # floors ~0: the cap is what shows
+    rows = [P.ProfileRow(op="gelu", aten="", shapes="", dtype="float32", calls=3, total_us=39.0,
+                         mean_us=13.0, share=0.1, target=True, compiled_us=60.0, task_key=gelu.key),
+            P.ProfileRow(op="softmax", aten="", shapes="", dtype="float32", calls=1, total_us=200.0,
+                         mean_us=200.0, share=0.5, target=True, compiled_us=80.0, task_key=softmax.key)]
+    P._headroom(rows, {gelu.key: gelu, softmax.key: softmax}, "cpu")
+    tiny, big = rows
+    assert tiny.headroom_us <= 3 * 13.0 and tiny.headroom_us > 3 * 12.0
+    assert 79.0 < big.headroom_us <= 80.0  # compiled below eager: compiled is the bound
+    assert big.headroom_us > tiny.headroom_us
+
+
+def test_the_profile_floor_is_never_above_an_eager_time():
+    """The profile's cpu floor is the sandbox's lower bound (device.cpu_bandwidth): a DRAM copy
+    alone read ~25 GB/s on the CI box and put an add's floor at 76 us against 49.7 eager."""
+    from kforge_tui.regions import floor as Fl
+    from kforge_tui.workload.profile import machine_rates
+
+    (t,) = [t for t in tasks_of(lambda a, b: a + b, (torch.randn(256, 4096), torch.randn(256, 4096)))]
+    a, b = torch.randn(256, 4096), torch.randn(256, 4096)
+    import time
+
+    best = min((lambda t0: (torch.add(a, b), time.perf_counter() - t0)[1])(time.perf_counter())
+               for _ in range(20)) * 1e6
+    assert Fl.floor(t, machine_rates("cpu"), None).us <= best

@@ -150,41 +150,10 @@ class CpuBackend:
         return f"cpu:{self.describe()}"
 
     def measure_bandwidth(self) -> tuple[float, str]:
-        """The best of: a 256 MiB copy (read + write bytes), a 256 MiB read-only sum, and a
-        1 MiB copy that stays in cache - best run of each.
+        """The floor's bandwidth: device.cpu_bandwidth at this worker's thread count."""
+        from kforge_tui.device import cpu_bandwidth
 
-        A floor must never be above what an honest kernel can reach. On a cpu the cache flush is
-        not guaranteed to evict everything (VMs misreport the LLC, a 32 MiB flush is a compromise)
-        and a busy box measures DRAM bandwidth low, so the cache-resident rate bounds it: the cpu
-        floor then only catches the grossly impossible (an empty timed region), which is what
-        it is for; the timed-output check catches the rest."""
-        def best(n_floats: int, reps: int, fn) -> float:
-            src = torch.ones(n_floats, dtype=torch.float32)
-            dst = torch.empty_like(src)
-            fn(src, dst)
-            top = 0.0
-            for _ in range(reps):
-                t = time.perf_counter()
-                nbytes = fn(src, dst)
-                top = max(top, nbytes / (time.perf_counter() - t) / 1e9)
-            return top
-
-        def copy(src, dst):
-            dst.copy_(src)
-            return 2 * src.numel() * 4
-
-        def read(src, dst):
-            src.sum()
-            return src.numel() * 4
-
-        big = 64 * 2**20  # float32 elements: 256 MiB
-        dram_copy, dram_read = best(big, 5, copy), best(big, 5, read)
-        # cache-resident: one thread (no wake-ups to measure), scaled by the thread count
-        hot = best(256 * 1024, 50, lambda src, dst: (dst.numpy().__setitem__(slice(None), src.numpy()),
-                                                     2 * src.numel() * 4)[1]) * self.threads
-        gbs = max(dram_copy, dram_read, hot)
-        return gbs, (f"cpu bandwidth {gbs:.1f} GB/s (best of 256 MiB copy {dram_copy:.1f}, read "
-                     f"{dram_read:.1f}, cache-resident 1 MiB copy {hot:.1f} (1 thread x {self.threads}); {self.threads} threads)")
+        return cpu_bandwidth(self.threads)
 
 
 def load_library(path: str):
