@@ -434,7 +434,8 @@ def partition(gm: fx.GraphModule) -> Partition:
         if not spec.unsupported and g.fusible and not spec.inputs:
             # iota/arange/full arithmetic (interpolate's indices, masks): the same values on
             # every call, which torch.compile computes as it likes; not worth a search
-            out.skipped.append((spec.label, "a constant (depends on no input)"))
+            # named as a part: the op the user wrote (interpolate) still runs, as its own region
+            out.skipped.append((f"{spec.label} (its part that depends on no input)", "the same values every call"))
             continue
         spec.index = len(out.regions)
         out.regions.append(spec)
