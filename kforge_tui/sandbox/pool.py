@@ -68,7 +68,7 @@ BACKENDS = ("cpu", "cuda", "triton")  # candidate languages
 # The compiled hash (`inputs.warm_checksum`, reported by the worker at prepare): the same
 # 262144x256 table (4 sets, 2.03 GiB arena), same box, 2026-12-07, two honest candidates:
 # 19-36 s an evaluation, 4.4 s of it in the arena watch over 23 checked calls (0.09 s a
-# GiB-call in the watch, 0.4 whole); 3 leaves the eager machine's ~8x margin for a loaded box.
+# GiB-call in the watch, 0.4 whole); 3 is ~7x that whole figure, for a loaded box.
 # cuda: one compiled pass at memory speed.
 CHECK_S_PER_GIB = {"cpu": 3.0, "cuda": 0.5}
 EAGER_CHECK_S_PER_GIB = 20.0
