@@ -40,7 +40,9 @@ class HeadlessReporter:
             self.tasks[e.task_id]["figures"].set_baseline(
                 e.baseline or {"eager": {"median_us": e.eager_us},
                                "compiled": {"median_us": e.compiled_us} if e.compiled_us else None})
-            self._print(f"baseline {e.task_id}: eager {fmt_us(e.eager_us)}, torch.compile "
+            of = (e.baseline or {}).get("eager_of")
+            self._print(f"baseline {e.task_id}: eager {fmt_us(e.eager_us)}"
+                        + (f" ({of})" if of else "") + ", torch.compile "
                         f"{fmt_us(e.compiled_us)}, floor {fmt_us(e.floor_us)}")
         elif isinstance(e, ev.TaskBudget) and e.task_id in self.tasks:
             self.tasks[e.task_id]["budget"] = e.budget

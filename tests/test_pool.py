@@ -319,3 +319,22 @@ async def test_the_device_gate_is_held_by_the_worker_stage_only(tmp_path):
         r = await asyncio.wait_for(waiting, 120)
         assert r.status == "ok", r.message
         assert not gate.locked()  # given back with the worker
+
+
+async def test_eager_baseline_times_the_op_the_model_calls_where_a_pattern_binds(tmp_path):
+    """A bound layer_norm region's eager figure is F.layer_norm, not its decomposition: the
+    baseline says which, and a candidate's "vs eager" is over that same function."""
+    from dataclasses import replace
+
+    from kforge_tui.regions import patterns
+
+    task = task_of(lambda x, w, b: torch.nn.functional.layer_norm(x, (96,), w, b),
+                   (torch.randn(2, 49, 96), torch.randn(96), torch.randn(96)), backend="cpu")
+    b = patterns.match(task)
+    bound = replace(task, pattern=b.op_task.op, params={"binding": b.to_json()})
+    async with EvaluatorPool("cpu", cache_dir=tmp_path, timing=TIMING) as pool:
+        native = await pool.baseline(bound.to_json(), str(tmp_path))
+    async with EvaluatorPool("cpu", cache_dir=tmp_path, timing=TIMING) as pool:  # one task id: its own worker
+        graph = await pool.baseline(task.to_json(), str(tmp_path))
+    assert native.eager_of == "layer_norm as PyTorch runs it" and native.eager.median_us > 0
+    assert graph.eager_of == "the region's aten graph"

@@ -235,3 +235,49 @@ def test_a_region_names_its_first_real_op_line_not_a_leading_view():
 
     (t,) = [t for t in tasks_of(_ViewThenGelu(), (torch.randn(2, 4, 64),)) if "gelu" in t.op]
     assert "gelu(h)" in t.source and "view" not in t.source, t.source
+
+
+class _Calls(torch.overrides.TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("fn,args,op,native", [
+    (lambda x, w, b: F.layer_norm(x, (96,), w, b), (torch.randn(2, 49, 96), torch.randn(96), torch.randn(96)),
+     "layer_norm", "layer_norm"),
+    (lambda x: torch.softmax(x, -1), (torch.randn(8, 64),), "softmax", "softmax"),
+    (lambda x: F.silu(x[..., :32]) * x[..., 32:], (torch.randn(4, 64),), "silu_mul", "silu"),
+])
+def test_eager_is_the_op_the_model_calls_where_a_pattern_binds_the_region(fn, args, op, native):
+    """The region's graph is Inductor's decomposition (layer_norm as var_mean, sub, rsqrt, ...),
+    which eager PyTorch never runs: "vs eager" must time the op itself."""
+    from dataclasses import replace
+
+    t = task_of(fn, args)
+    b = patterns.match(t)
+    t = replace(t, pattern=b.op_task.op, params={"binding": b.to_json()})
+    ins = [torch.randn(m.shape) for m in t.inputs]
+    expected = t.reference(ins)
+    got = patterns.native_eager(t, ins, expected)
+    assert got is not None and got[1] == f"{op} as PyTorch runs it"
+    with _Calls() as calls:
+        out = got[0](*ins)
+    assert native in calls.names and "var_mean" not in calls.names and "amax" not in calls.names
+    torch.testing.assert_close(out, expected[0], rtol=1e-4, atol=1e-5)
+
+
+def test_eager_stays_the_regions_graph_where_the_op_does_not_reproduce_it():
+    from dataclasses import replace
+
+    t = task_of(lambda x: torch.softmax(x, -1), (torch.randn(8, 64),))
+    b = patterns.match(t)
+    ins = [torch.randn(8, 64)]
+    assert patterns.native_eager(t, ins, t.reference(ins)) is None  # no binding: the graph
+    t = replace(t, pattern="softmax", params={"binding": b.to_json()})
+    wrong = [t.reference(ins)[0] + 1e-2]  # an output the op does not give: it is not this region
+    assert patterns.native_eager(t, ins, wrong) is None

@@ -541,7 +541,7 @@ class EvaluatorPool:
                         floor_us=b.get("floor_us"), floor_note=b.get("floor_note", ""),
                         bandwidth_gbs=b.get("bandwidth_gbs"), peak_tflops=b.get("peak_tflops"),
                         floor_bound=b.get("floor_bound", ""), sets=b.get("sets"), note=b.get("note", ""),
-                        seed=b.get("seed"))
+                        seed=b.get("seed"), eager_of=b.get("eager_of", ""))
 
     def _task_json(self, task_json: dict) -> dict:
         return Task.from_json(task_json).with_backend(self.backend).to_json()

@@ -124,6 +124,7 @@ class Baseline:
 
     eager: Timing
     compiled: Timing | None = None  # torch.compile (default mode), when asked
+    eager_of: str = ""  # what eager ran: the op the model calls (patterns.native_eager) or the graph
     floor_us: float | None = None
     floor_note: str = ""
     bandwidth_gbs: float | None = None

@@ -67,6 +67,8 @@ class PreparedTask:
     image: object = None  # the buffer the whole-arena check keeps its image in (verify.ArenaWatch)
     bank: object = None  # fresh values and references for timed calls (verify.FreshBank)
     slices64: int = 1  # the float64 and one-ulp runs in dim-0 slices (references.in_slices)
+    eager_fn: object = None  # what "eager" times: the op the model calls where a pattern binds
+    #                          the region and reproduces it (patterns.native_eager), else gm
 
     def reference(self, inputs: list) -> list:
         import torch
@@ -439,6 +441,7 @@ class Worker(RemoteTiming):
             return self.tasks[tid]
         if tid in self.tasks:
             self.tasks.pop(tid).close()
+        from kforge_tui.regions import patterns
         from kforge_tui.regions.graph import to_graph_module
         from kforge_tui.regions.task import load_calls
         from kforge_tui.sandbox import bench, verify
@@ -484,7 +487,11 @@ class Worker(RemoteTiming):
                         ref, min_sets=4, max_sets=k, alloc=alloc, account=budget.account,
                         host_saved=plan.host_saved, stats=stats)
                     self.backend.sync_all()
-                    eager, _ = bench.time_calls(self.backend, lambda s: gm(*s.tensors()), sets,
+                    eager_fn, eager_of = gm, "the region's aten graph"
+                    native = patterns.native_eager(task, sets[0].tensors(), sets[0].expected)
+                    if native is not None:
+                        eager_fn, eager_of = native
+                    eager, _ = bench.time_calls(self.backend, lambda s: eager_fn(*s.tensors()), sets,
                                                 {**bench.DEFAULT_TIMING, **(req.get("timing") or {}),
                                                  "max_wall_s": 2.5})
                 break
@@ -509,7 +516,7 @@ class Worker(RemoteTiming):
         slots = [([g.slot if g is not None else None for g in s.inputs], [g.slot for g in s.outputs])
                  for s in sets]
         floor, floor_note, extra = self._floor(task, req)
-        baseline = {"eager": asdict(eager), "compiled": None, "floor_us": floor, "floor_note": floor_note,
+        baseline = {"eager": asdict(eager), "eager_of": eager_of, "compiled": None, "floor_us": floor, "floor_note": floor_note,
                     **extra, "sets": len(sets), "note": f"{note}; {plan_note}"}
         ref64, slices = None, 1
         if plan.edge64 and plan.slices64 > 1 and not references.sliceable(task, ref, sets[0].tensors(),
@@ -525,7 +532,8 @@ class Worker(RemoteTiming):
             bank = min(bank, max(0, budget.limit - budget.used) // max(_entry_bytes(task), 1))
         st = PreparedTask(task, gm, sets, arena_box[-1], slots, stats, note, baseline, floor, floor_note,
                           len(sets), plan_note, edge=plan.edge, ref64=ref64, retries=retries,
-                          bank=verify.FreshBank(bank if bank >= 8 else 0), slices64=slices)
+                          bank=verify.FreshBank(bank if bank >= 8 else 0), slices64=slices,
+                          eager_fn=eager_fn)
         self.tasks[tid] = st
         while len(self.tasks) > self.MAX_TASKS:
             self.tasks.popitem(last=False)[1].close()

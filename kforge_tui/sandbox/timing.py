@@ -90,7 +90,7 @@ class RemoteTiming:
 
         out: dict = {}
         cfg = {**bench.DEFAULT_TIMING, **(req.get("timing") or {}), **self.ADJACENT_TIMING}
-        fns = {"eager": st.gm}
+        fns = {"eager": st.eager_fn or st.gm}
         if getattr(st, "compiled_fn", None) is not None:
             fns["compiled"] = st.compiled_fn
         for name, fn in fns.items():

@@ -78,6 +78,7 @@ class TaskView:
     node_ids: list[int] = field(default_factory=list)  # creation order
     figures: TaskFigures = field(default_factory=TaskFigures)
     ref_seen: Reference | None = None  # the reference the labels were last drawn with
+    eager_of: str = ""  # what the eager reference ran: the op the model calls, or the region's graph
 
     @property
     def eager(self) -> Reference:
@@ -330,6 +331,7 @@ class RunModel:
                                   "compiled": {"median_us": e.compiled_us} if e.compiled_us else None,
                                   "floor_us": e.floor_us}
             t.figures.set_baseline(base)
+            t.eager_of = base.get("eager_of") or ""
             t.floor_us = e.floor_us
             root = self.nodes.get(t.node_ids[0]) if t.node_ids else None
             self._unsettled.add(e.task_id)

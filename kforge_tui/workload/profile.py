@@ -1,9 +1,9 @@
 """Where a model's forward spends its time, by region.
 
 Each task (a region at one set of shapes; workload/capture.py) is timed on its captured real
-inputs twice, in this process and on the model's device: eager (its aten ops one by one, the
-region's own graph run by PyTorch) and compiled (torch.compile of the region alone, for the
-heaviest regions). A task's time in the forward is its eager time times its calls; its share is
+inputs twice, in this process and on the model's device: eager (the op the model calls where a
+pattern binds the region, else the region's own aten graph run op by op) and compiled
+(torch.compile of the region alone, for the heaviest regions). A task's time in the forward is its eager time times its calls; its share is
 that over the eager forward, timed the same way (over the sum of the regions' times when that
 is larger: each region timed alone carries its own call overhead, so shares never pass 100 %).
 Unsupported regions are listed with their reason, never dropped; a region Inductor cannot
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kforge_tui.regions import patterns
 from kforge_tui.regions.floor import vendor_op
 from kforge_tui.regions.graph import to_graph_module
 from kforge_tui.regions.meta import storage_span, torch_dtype
@@ -163,7 +164,12 @@ def profile_regions(loaded, traced, *, compile_top: int = 5, budget_s: float = 0
         gm = gms[t.key] = (to_graph_module(t.graph, device), ins)
         try:
             with torch.inference_mode():
-                mean = timer(lambda: gm[0](*ins), budget_s=budget_s)
+                out = gm[0](*ins)
+                # eager is the op the model calls where a pattern reproduces the region, not
+                # Inductor's decomposition of it (patterns.native_eager says why)
+                native = patterns.native_eager(t, ins, list(out) if isinstance(out, (tuple, list)) else [out])
+                fn = native[0] if native is not None else gm[0]
+                mean = timer(lambda: fn(*ins), budget_s=budget_s)
         except Exception as e:  # the region's own graph failed here: list it, do not stop
             rows.append(_row(t, r.calls, 0.0, fwd, target=False,
                              reason=f"its graph did not run alone: {str(e).splitlines()[0][:120]}"))

@@ -92,7 +92,7 @@ def timing_text(node: dict, task=None) -> str:
     if node.get("worker"):  # where both were timed (a Ray cluster's node, or this machine)
         lines.append(f"worker    {node['worker']}")
     if task is not None:
-        lines.append(_ref("eager", task.eager))
+        lines.append(_ref("eager", task.eager) + (f", {task.eager_of}" if getattr(task, "eager_of", "") else ""))
         if task.compiled.median_us:
             lines.append(_ref("compile", task.compiled))
     # what was timed next to this node: one sample of the reference, not the figure shown
