@@ -104,6 +104,9 @@ async def test_gpu_the_runner_loads_what_was_compiled_ahead(tmp_path, monkeypatc
     monkeypatch.delenv("KFORGE_TRITON_COMPILE_AHEAD", raising=False)  # on by default
     async with EvaluatorPool("triton", cache_dir=tmp_path, eval_timeout_s=120) as pool:
         await pool.baseline(task.to_json(), str(tmp_path))
+        # the server started and warmed with the pool, before any candidate asked for it
+        assert pool._precompiler_start is not None and await pool._precompiler_start is True
+        assert pool._precompiler.stats["compiled"] == 0 and pool._precompiler.warm.get("ok")
         r = await pool.evaluate(task.to_json(), str(tmp_path), src)
         assert r.status == "ok", (r.status, r.message, r.log[-2000:])
         st = r.stage_s

@@ -346,6 +346,7 @@ class EvaluatorPool:
         # against 80.0 with the runner's own JIT (0.42 s there), latency 3.2 s against 5.8.
         # KFORGE_TRITON_COMPILE_AHEAD=0 turns it off.
         self._precompiler = None
+        self._precompiler_start: asyncio.Future | None = None  # its start and warm-up, begun by start()
         if backend == "triton" and self.device_kind == "cuda" and settings.worker_setting("KFORGE_TRITON_COMPILE_AHEAD", True):
             from kforge_tui.sandbox.triton_precompile import Precompiler
 
@@ -377,10 +378,14 @@ class EvaluatorPool:
                 self.arch = ws[0].info.get("arch") or ("native" if self.device_kind == "cpu" else None)
             if self._precompiler is not None:
                 self._precompiler.arch = self.arch
+                self._precompiler_start = asyncio.ensure_future(self._precompiler.start())
             self._started = True
 
     async def close(self) -> None:
         if self._precompiler is not None:
+            if self._precompiler_start is not None:  # a start still under way is not waited for
+                self._precompiler_start.cancel()
+                await asyncio.gather(self._precompiler_start, return_exceptions=True)
             await self._precompiler.close()
         await asyncio.gather(*(w.close() for w in self._workers), return_exceptions=True)
         self._workers.clear()

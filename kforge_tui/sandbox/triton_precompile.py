@@ -306,7 +306,11 @@ class Precompiler:
         self._stderr: deque[str] = deque(maxlen=STDERR_TAIL)
         self.stats = {"compiled": 0, "failed": 0}
 
-    async def _start(self) -> bool:
+    async def start(self) -> bool:
+        """Start and warm the server (once; True when it is usable). The pool calls it as it
+        starts, so the import and warm-up (seconds) overlap the baselines instead of holding
+        the first candidates: started on the first compile, the H200's first six candidates
+        waited for it, and the stage's mean was 1.50 s against 0.47 on a warm server."""
         async with self._start_lock:
             if self.proc is not None or self.dead:
                 return not self.dead
@@ -372,7 +376,7 @@ class Precompiler:
     async def compile(self, source_path: str, inputs: list, outputs: list) -> tuple[str | None, dict]:
         """(the directory of compiled kernels for the runner to link, or None; the server's
         reply). The caller discards the directory after the evaluation."""
-        if not await self._start():
+        if not await self.start():
             return None, {"ok": False, "error": self.dead}
         rid = self._next
         self._next += 1
