@@ -1023,3 +1023,19 @@ def test_a_replay_that_is_never_wrong_is_caught_by_its_speed_on_seen_inputs():
     v = verify.Verifier(task, sets, steady, ref, arena=arena)
     _, mm = bench.time_calls(_Clock(), steady, sets, cfg, checks=_LocalChecks(v), seed=1)
     assert mm is None, mm.reason
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_denormal_flushing_is_tolerated_at_the_task_dtype_as_against_float64(dtype):
+    """An attention over tiny and denormal values has a denormal output: a kernel that flushes
+    it to zero is honest (the float64 judge says so), and the task-dtype judge must agree. A
+    zero where a normal number is expected still fails."""
+    dt = getattr(torch, dtype)
+    tiny = torch.finfo(dt).tiny
+    ref = (torch.rand(64, 32, dtype=torch.float32) * 0.45 * tiny).to(dt)  # denormal, some 0
+    assert float(ref.float().abs().max()) < tiny and bool((ref != 0).any())
+    assert judge.compare(ref, torch.zeros_like(ref), dtype, "edge") is None
+    normal = ref.clone()
+    normal[3, 5] = 4 * tiny  # one normal value flushed: that is an error, not flushing
+    mm = judge.compare(normal, torch.where(normal == normal[3, 5], 0, normal), dtype, "edge")
+    assert mm is not None and mm.mismatched == 1 and "smallest normal" in mm.reason
