@@ -202,6 +202,8 @@ def _compile_cpu(src: str, header: str, tmp_path) -> ctypes.CDLL:
     (lambda x, w: F.layer_norm(x, (64,), w), (torch.randn(8, 64), torch.randn(64))),
     (lambda x: F.silu(x[..., :32]) * x[..., 32:], (torch.randn(4, 64),)),
     (lambda x: x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + 1e-6), (torch.randn(8, 64),)),
+    # a Linear's [B*L, N] output viewed as [B, L, N] first: bound at the view's shape
+    (lambda x: torch.softmax(x.view(2, 8, 64), -1), (torch.randn(16, 64),)),
 ])
 def test_a_family_kernel_serves_a_region_through_its_binding(tmp_path, fn, args):
     from dataclasses import replace
@@ -252,6 +254,7 @@ class _Calls(torch.overrides.TorchFunctionMode):
      "layer_norm", "layer_norm"),
     (lambda x: torch.softmax(x, -1), (torch.randn(8, 64),), "softmax", "softmax"),
     (lambda x: F.silu(x[..., :32]) * x[..., 32:], (torch.randn(4, 64),), "silu_mul", "silu"),
+    (lambda x: torch.softmax(x.view(2, 784, 96), -1), (torch.randn(1568, 96),), "softmax", "softmax"),
 ])
 def test_eager_is_the_op_the_model_calls_where_a_pattern_binds_the_region(fn, args, op, native):
     """The region's graph is Inductor's decomposition (layer_norm as var_mean, sub, rsqrt, ...),
@@ -281,3 +284,20 @@ def test_eager_stays_the_regions_graph_where_the_op_does_not_reproduce_it():
     t = replace(t, pattern="softmax", params={"binding": b.to_json()})
     wrong = [t.reference(ins)[0] + 1e-2]  # an output the op does not give: it is not this region
     assert patterns.native_eager(t, ins, wrong) is None
+
+
+def test_a_pattern_is_matched_in_bounded_memory_whatever_the_regions_size(monkeypatch):
+    """The numeric check compares in chunks (whole, a 6 GiB softmax ran out of an H100's memory
+    and went unbound): chunks of a few elements decide as one comparison does."""
+    monkeypatch.setattr(patterns, "CLOSE_CHUNK", 7)
+    t = task_of(lambda x: torch.softmax(x, -1), (torch.randn(8, 64),))
+    b = patterns.match(t)
+    assert b is not None and b.op_task.op == "softmax"
+    x = torch.randn(100)
+    assert patterns._close(x, x.clone(), "float32")
+    y = x.clone()
+    y[93] += 1.0  # in the last chunk
+    assert not patterns._close(x, y, "float32")
+    z = x.clone()
+    z[50] = float("nan")
+    assert not patterns._close(x, z, "float32") and patterns._close(z, z.clone(), "float32")
