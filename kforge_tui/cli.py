@@ -296,9 +296,12 @@ def _plan(settings, args) -> str:
     if settings.device == "cpu" and not settings.llm:
         n = max(len(settings.ops), settings.top) if settings.ops else settings.top  # select's rule
         per = CPU_SECONDS_PER_CANDIDATE / max(1, min(settings.parallel or 2, os.cpu_count() or 2))
-        est = CPU_FIXED_S + n * (settings.budget + 2) * per + (240 if settings.end_to_end else 0)
+        est = CPU_FIXED_S + n * (settings.budget + 2) * per
         line += (f"; about {max(1, round(est / 60))} min on this CPU ({os.cpu_count()} cores; "
                  f"--budget/--top change it)")
+        if settings.end_to_end:
+            small, big = (_about(end_to_end_seconds(n, *model)) for model in (SMALL_MODEL, RESNET50))
+            line += f", and {small} (a small model) to {big} (ResNet-50) for the end-to-end check"
     return line
 
 
@@ -306,6 +309,28 @@ def _plan(settings, args) -> str:
 # took about 60 s; a candidate about 9 s of one core (compile, verify, time, its re-timing share)
 CPU_FIXED_S = 60.0
 CPU_SECONDS_PER_CANDIDATE = 9.0
+# (forward s, whole-model compile s) on 2 CPU cores. Small: held-out blocks (GNN, UNet, MoE,
+# Swin, 2026-12-07) took 15-20 s for the check of 2 regions, forwards 6-70 ms; ResNet-50: its
+# check took 190 s (2026-12-01), forwards ~0.3 s.
+SMALL_MODEL = (0.01, 5.0)
+RESNET50 = (0.3, 25.0)
+
+
+def end_to_end_seconds(regions: int, forward_s: float, compile_s: float) -> float:
+    """The end-to-end check's time on a model, from the model's forward and compile times: it
+    compiles the whole model for torch.compile and again with each region's winner it tries
+    (integrate/decide.py); each trial times 14 rounds of a block of each of 2 forwards, the final
+    check 14 rounds of 3 blocks and 23 single forwards of each of the 3 (measure.throughput,
+    measure.latency); a block lasts two forwards, at least BLOCK_MS. Both times are the model's
+    own and unknown before it loads, when the plan is said: hence the plan's range."""
+    from kforge_tui.integrate.measure import BLOCK_MS
+
+    block_s = max(2 * forward_s, BLOCK_MS / 1e3)
+    return (1 + regions) * compile_s + (2 * regions + 3) * 14 * block_s + 3 * 23 * forward_s
+
+
+def _about(seconds: float) -> str:
+    return f"{round(seconds / 60)} min" if seconds >= 90 else f"{5 * max(1, round(seconds / 5))} s"
 
 
 def _private() -> None:

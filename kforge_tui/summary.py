@@ -80,6 +80,9 @@ def show_json(run_dir: str, store=None) -> dict:
                 "leader_node": t.get("leader_node"), "noisy_leader": t.get("noisy_leader"),
                 "evaluated": t.get("evaluated", 0), "budget": t.get("budget"), "status": t.get("status"),
                 "control": t.get("control") or {},
+                # what tells regions of one op and shape apart (region_details)
+                "source": (t.get("task") or {}).get("source") or "",
+                "inputs": (t.get("task") or {}).get("inputs") or [],
             })
         live = info.get("status") == "running" and owner_pid(store.run_dir) is not None
         status = info.get("status")
@@ -148,6 +151,74 @@ def _shape(t: dict) -> str:
     return "x".join(str(s) for s in (t.get("shape") or []))
 
 
+def _where(t: dict) -> str:
+    """`file.py:17` of the model source line the region comes from (Task.source)."""
+    return (t.get("source") or "").split(" ", 1)[0]
+
+
+def _present(t: dict) -> list[dict]:
+    return [m for m in t.get("inputs") or [] if m.get("shape") is not None]
+
+
+def _input_shapes(t: dict) -> str:
+    shapes = ", ".join("x".join(map(str, m["shape"])) or "scalar" for m in _present(t))
+    return f"inputs {shapes}" if shapes else ""
+
+
+def _dtype(t: dict) -> str:
+    return t.get("dtype") or ""
+
+
+def _layout(t: dict) -> str:
+    """How the inputs lie in memory, in words: a region traced once NCHW and once channels-last."""
+    from kforge_tui.regions.meta import TensorMeta
+
+    metas = [TensorMeta.from_json(dict(m, name="")) for m in _present(t)]
+    if not metas:
+        return ""
+    if all(m.contiguous for m in metas):
+        return "contiguous"
+    big = max(metas, key=lambda m: m.numel)
+    if len(big.shape) == 4:
+        _, c, h, w = big.shape
+        if big.strides == (h * w * c, 1, w * c, c):
+            return "channels-last"
+    return "strided"
+
+
+def region_details(tasks: list[dict]) -> list[str]:
+    """What tells each region apart from the others of its op and shape ("" when none shares
+    them): two `index 2000x64` rows read the same while their graphs, dtypes or strides differ.
+    The model source line, the input shapes, the dtype and the layout are said, in that order,
+    where they differ within such a group, until every row reads differently; rows still alike
+    get their place among them (#2)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(tasks):
+        groups.setdefault((t.get("op"), _shape(t)), []).append(i)
+    out = [""] * len(tasks)
+    for group in groups.values():
+        parts: list[list[str]] = [[] for _ in group]
+        for feature in (_where, _input_shapes, _dtype, _layout):
+            if len({tuple(p) for p in parts}) == len(group):
+                break
+            values = [feature(tasks[i]) for i in group]
+            if len(set(values)) > 1:
+                for p, v in zip(parts, values):
+                    p.extend([v] if v else [])
+        texts = [", ".join(p) for p in parts]
+        for k, i in enumerate(group):
+            nth = f"#{texts[:k + 1].count(texts[k])}" if texts.count(texts[k]) > 1 else ""
+            out[i] = ", ".join(x for x in (texts[k], nth) if x)
+    return out
+
+
+def region_names(tasks: list[dict]) -> dict[str, str]:
+    """task_id -> `op shape`, and what tells the region apart where another reads the same: how
+    the end-to-end lines name a region, as the table's op and shape columns do."""
+    return {t["task_id"]: " ".join(x for x in (t.get("op") or t["task_id"], _shape(t)) if x)
+            + (f" ({d})" if d else "") for t, d in zip(tasks, region_details(tasks))}
+
+
 def _status_cell(t: dict) -> str:
     """The search's status, marked "slower" when its verified best loses to the region's bar
     (torch.compile where it was timed, else eager): the search ended, but no kernel gains."""
@@ -162,7 +233,8 @@ def format_show(data: dict, width: int | None = None) -> str:
     go (floor first), then long op names are shortened; shapes are never cut."""
     width = width or terminal_width()
     ts = data["tasks"]
-    cols = [("op", "op", [t["op"] for t in ts]), ("shape", "shape", [_shape(t) for t in ts]),
+    ops = [t["op"] + (f" ({d})" if d else "") for t, d in zip(ts, region_details(ts))]
+    cols = [("op", "op", ops), ("shape", "shape", [_shape(t) for t in ts]),
             ("dtype", "dtype", [t["dtype"] for t in ts]),
             ("eager", "eager", [fmt_us(t["baseline_us"]) for t in ts]),
             ("spread", "±", [fmt_pct(t.get("baseline_spread")) for t in ts]),
@@ -189,7 +261,7 @@ def format_show(data: dict, width: int | None = None) -> str:
     e2e = data.get("end_to_end")
     if e2e:
         lines.append("")
-        lines.append(format_end_to_end(e2e))
+        lines.append(format_end_to_end(e2e, ts))
     llm = data.get("llm") or {}
     if llm.get("calls"):
         lines.append(f"LLM: {llm['calls']} calls, {llm.get('prompt_tokens', 0)}+{llm.get('completion_tokens', 0)} "
@@ -197,8 +269,11 @@ def format_show(data: dict, width: int | None = None) -> str:
     return "\n".join(lines)
 
 
-def format_end_to_end(r: dict) -> str:
+def format_end_to_end(r: dict, tasks: list[dict] | None = None) -> str:
+    """The end-to-end report in lines; regions are named as the table names them, from the
+    run's `tasks` (show_json's rows; read from the report's run when not given)."""
     used = r.get("kernels_used") or {}
+    names = _report_names(r, _run_tasks(r.get("run_dir")) if tasks is None else tasks)
     ok = "within tolerance" if r.get("within_tolerance") else "MISMATCH"
     if r.get("eager_ms") is None:
         lines = [f"end to end: {r.get('message') or 'no kernel applied'}"]
@@ -251,10 +326,9 @@ def format_end_to_end(r: dict) -> str:
         lines.append(f"  {clock} clock / do_bench, each forward: {each} (do_bench clears the cache between "
                      "forwards and runs each alone: a host- or cache-bound forward reads differently there)")
     for t in (r.get("decision") or {}).get("trials", []):
-        what = " ".join([t.get("op") or t["task_id"]] + (["x".join(map(str, t["shape"]))] if t.get("shape") else []))
-        lines.append(f"  {'kept' if t.get('kept') else 'dropped'} {what}: {t.get('why', '')}")
+        lines.append(f"  {'kept' if t.get('kept') else 'dropped'} {names[t['task_id']]}: {t.get('why', '')}")
     for tid, n in used.items():
-        lines.append(f"  kernel {tid}: {n} calls")
+        lines.append(f"  kernel {names.get(tid, tid)}: {n} calls")
     falls = sorted((r.get("fallbacks") or {}).items(), key=lambda kv: -kv[1])
     for what, n in falls[:3]:
         lines.append(f"  fell back to PyTorch ({n} calls): {what}")
@@ -264,8 +338,29 @@ def format_end_to_end(r: dict) -> str:
     tried = {t["task_id"] for t in (r.get("decision") or {}).get("trials", [])}
     for tid, why in (r.get("skipped") or {}).items():
         if tid not in tried:
-            lines.append(f"  left to PyTorch / Inductor {tid}: {why}")
+            lines.append(f"  left to PyTorch / Inductor {names.get(tid, tid)}: {why}")
     return "\n".join(lines)
+
+
+def _run_tasks(run_dir: str | None) -> list[dict]:
+    """The task rows of the run at `run_dir` ([] when there is none to read)."""
+    from kforge_tui.errors import KforgeError
+
+    if not run_dir:
+        return []
+    try:
+        return show_json(run_dir)["tasks"]
+    except KforgeError:  # not a run store (any more): the report's own trials name what they can
+        return []
+
+
+def _report_names(r: dict, tasks: list[dict]) -> dict[str, str]:
+    """region_names of the run's tasks and of any region only the report describes (its trials
+    and kernels carry op and shape)."""
+    rows = {t["task_id"]: t for t in tasks}
+    for x in [*(r.get("decision") or {}).get("trials", []), *(r.get("kernels") or [])]:
+        rows.setdefault(x["task_id"], x)
+    return region_names(list(rows.values()))
 
 
 def _arg(s: str | None) -> str:
