@@ -301,3 +301,23 @@ def test_a_pattern_is_matched_in_bounded_memory_whatever_the_regions_size(monkey
     z = x.clone()
     z[50] = float("nan")
     assert not patterns._close(x, z, "float32") and patterns._close(z, z.clone(), "float32")
+
+
+@pytest.mark.parametrize("fn,op", [
+    (lambda x: F.gelu(x), "gelu"),
+    (lambda x: F.gelu(x, approximate="tanh"), "gelu"),
+    (lambda x: torch.softmax(x, -1), "softmax"),
+    (lambda x: torch.log_softmax(x, -1), "log_softmax"),
+    (lambda x: F.silu(x), "silu"),
+    (lambda x: torch.relu(x), "relu"),
+])
+def test_a_region_too_big_to_check_numerically_is_bound_by_what_its_ops_spell(monkeypatch, fn, op):
+    """Over CHECK_BYTES_CPU the numeric check is skipped: the binding must still be the op the
+    graph computes (it was the first candidate of all, relu, for a GELU)."""
+    monkeypatch.setattr(patterns, "CHECK_BYTES_CPU", 0)
+    t = task_of(fn, (torch.randn(8, 64),))
+    b = patterns.match(t)
+    assert b is not None and b.op_task.op == op
+    if op == "gelu":
+        assert b.op_task.params["approximate"] == ("tanh" if "tanh" in str(t.graph) else "none")
+    assert patterns.match(task_of(lambda x: torch.sin(x), (torch.randn(8, 64),))) is None
