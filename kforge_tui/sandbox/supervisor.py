@@ -516,8 +516,8 @@ class Worker(RemoteTiming):
         slots = [([g.slot if g is not None else None for g in s.inputs], [g.slot for g in s.outputs])
                  for s in sets]
         floor, floor_note, extra = self._floor(task, req)
-        baseline = {"eager": asdict(eager), "eager_of": eager_of, "compiled": None, "floor_us": floor, "floor_note": floor_note,
-                    **extra, "sets": len(sets), "note": f"{note}; {plan_note}"}
+        baseline = {"eager": asdict(eager), "eager_of": eager_of, "compiled": None, "floor_us": floor,
+                    "floor_note": floor_note, **extra, "sets": len(sets), "note": f"{note}; {plan_note}"}
         ref64, slices = None, 1
         if plan.edge64 and plan.slices64 > 1 and not references.sliceable(task, ref, sets[0].tensors(),
                                                                           sets[0].expected, plan.slices64):

@@ -3,9 +3,10 @@
 Each task (a region at one set of shapes; workload/capture.py) is timed on its captured real
 inputs twice, in this process and on the model's device: eager (the op the model calls where a
 pattern binds the region, else the region's own aten graph run op by op) and compiled
-(torch.compile of the region alone, for the heaviest regions). A task's time in the forward is its eager time times its calls; its share is
-that over the eager forward, timed the same way (over the sum of the regions' times when that
-is larger: each region timed alone carries its own call overhead, so shares never pass 100 %).
+(torch.compile of the region alone, for the heaviest regions). A task's time in the forward is
+its eager time times its calls; its share is that over the eager forward, timed the same way
+(over the sum of the regions' times when that is larger: each region timed alone carries its
+own call overhead, so shares never pass 100 %).
 Unsupported regions are listed with their reason, never dropped; a region Inductor cannot
 compile says why (`compile_error`).
 
