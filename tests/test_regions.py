@@ -321,3 +321,24 @@ def test_a_region_too_big_to_check_numerically_is_bound_by_what_its_ops_spell(mo
     if op == "gelu":
         assert b.op_task.params["approximate"] == ("tanh" if "tanh" in str(t.graph) else "none")
     assert patterns.match(task_of(lambda x: torch.sin(x), (torch.randn(8, 64),))) is None
+
+
+class _HandGelu(torch.nn.Module):  # as transformers' NewGELUActivation writes it
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def test_eager_of_a_hand_written_op_is_the_ops_the_model_runs():
+    """A GELU the model spells out binds the gelu pattern (its families serve it), but eager
+    PyTorch runs its mul, pow and tanh one by one: that is its eager figure, not F.gelu's."""
+    from dataclasses import replace
+
+    m = _HandGelu()
+    t = task_of(m, (torch.randn(8, 64),))
+    b = patterns.match(t)
+    assert b is not None and b.op_task.op == "gelu" and "gelu" not in t.called.split()
+    t = replace(t, pattern="gelu", params={"binding": b.to_json()})
+    ins = [torch.randn(8, 64)]
+    assert patterns.native_eager(t, ins, t.reference(ins)) is None
+    called = task_of(torch.nn.GELU(approximate="tanh"), (torch.randn(8, 64),))
+    assert "gelu" in called.called.split()

@@ -39,7 +39,7 @@ def task_from_spec(spec: P.RegionSpec, backend: str) -> Task | None:
     return Task(op=spec.label, kind=spec.kind, graph=graph, inputs=ins, outputs=outs,
                 backend=backend, source=trace.source_line(main), module=trace.module_path(main),
                 aten=" ".join(spec.ops[:12]) + (" …" if len(spec.ops) > 12 else ""),
-                parts=" ".join(P.semantic_names(spec)))
+                parts=" ".join(P.semantic_names(spec)), called=" ".join(P.called_names(spec)))
 
 
 def tasks_of(fn, args, backend: str = "cpu", kwargs: dict | None = None) -> list[Task]:

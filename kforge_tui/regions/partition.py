@@ -593,7 +593,8 @@ _MODULE_NAMES = {"BatchNorm1d": "batch_norm", "BatchNorm2d": "batch_norm", "Batc
                  "Tanh": "tanh", "Softmax": "softmax", "LogSoftmax": "log_softmax", "Mish": "mish",
                  "Hardswish": "hardswish", "Hardtanh": "hardtanh", "LeakyReLU": "leaky_relu",
                  "ELU": "elu", "GELUTanh": "gelu", "GELUActivation": "gelu",
-                 "PytorchGELUTanh": "gelu", "NewGELUActivation": "gelu"}
+                 "PytorchGELUTanh": "gelu", "NewGELUActivation": "gelu", "RMSNorm": "rms_norm",
+                 "AdaptiveAvgPool2d": "adaptive_avg_pool2d"}
 
 
 _PY_OPS = {"truediv": "div", "floordiv": "floor_divide", "iadd": "add", "imul": "mul",
@@ -625,6 +626,29 @@ def semantic_names(spec: "RegionSpec") -> list[str]:
     return list(dict.fromkeys(_semantic_name(m) for m in spec.nodes
                               if m.target is not operator.getitem
                               and short_name(m.target) not in _LABEL_SKIP))
+
+
+def called_names(spec: "RegionSpec") -> list[str]:
+    """The torch functions, tensor methods and torch.nn modules the model's code called for a
+    region's nodes (dynamo's `source_fn_stack`: `layer_norm` for nn.LayerNorm or F.layer_norm),
+    in order. Unlike `semantic_names`, a module of the model's own is not a call: a hand-written
+    GELU inside `NewGELUActivation` calls `mul`, `pow` and `tanh`, and that is what its eager
+    runs (patterns.native_eager)."""
+    out = []
+    for m in spec.nodes:
+        fns = m.meta.get("source_fn_stack") or []
+        if not fns:
+            continue
+        fn = fns[-1][1]
+        if isinstance(fn, type):
+            if not fn.__module__.startswith("torch.nn"):
+                continue
+            name = _MODULE_NAMES.get(fn.__name__, fn.__name__.lower())
+        else:
+            name = fn if isinstance(fn, str) else getattr(fn, "__name__", "")
+        if name:
+            out.append(name)
+    return list(dict.fromkeys(out))
 
 
 def _overlaps(t: torch.Tensor) -> bool:

@@ -47,6 +47,7 @@ class Task:
     module: str = ""  # module path (class) it sits in
     aten: str = ""  # the region's aten ops, for tables
     parts: str = ""  # what the model called, by name (`gelu layer_norm softmax`): for --ops
+    called: str = ""  # the torch functions and torch.nn modules its code called (native eager)
     # The strides the traced graph gives the region's inputs and outputs, when the task's own
     # are the ones Inductor hands the region inside the compiled model and differ from them
     # (regions/layout.py): {"inputs": [[...], ...], "outputs": [...]}; empty when they agree.
