@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from kforge_tui.regions import closeness
 from kforge_tui.regions.build import task_of
 from kforge_tui.regions.meta import KERNEL_DTYPES, TensorStats
 from kforge_tui.sandbox import bench, judge, verify
@@ -902,7 +903,7 @@ def test_fast_paths_of_the_judges_defer_nan_and_inf_to_the_full_judgement():
     element past the bound, goes to the full analysis, which keeps its rules."""
     e = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0])
     assert judge.compare(e, e.clone(), "float32", "x") is None  # equal NaN and infinities pass
-    assert not judge._all_close(e, e.clone(), 1e-4, 1e-5)
+    assert not closeness.all_close(e, e.clone(), 1e-4, 1e-5)
     g = e.clone()
     g[2] = 1.0
     assert judge.compare(e, g, "float32", "x") is not None

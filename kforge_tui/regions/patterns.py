@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from kforge_tui.regions.abi import cuda_16bit_includes
+from kforge_tui.regions.closeness import all_match, finite_abs_max
 from kforge_tui.regions.meta import DTYPE_BYTES, DTYPE_SHORT, TensorMeta, contiguous_stride
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
@@ -702,35 +703,22 @@ def _random_inputs(task, device, gen):
     return vals
 
 
-# Elements compared at once by `_close`: its float64 scratch stays under a GiB for any region.
-# Whole, a KernelBench softmax [4096, 393216] f32 (6 GiB) took five float64 copies of 12 GiB
-# each, ran out of the H100's memory, and its region went unbound: no family kernels, and eager
-# timed as the decomposition (2026-12-07).
+# Elements compared at once by `_close` (regions/closeness.py): its float64 scratch stays under
+# a GiB for any region. Whole, a KernelBench softmax [4096, 393216] f32 (6 GiB) took five float64
+# copies of 12 GiB each, ran out of the H100's memory, and its region went unbound: no family
+# kernels, and eager timed as the decomposition (2026-12-07).
 CLOSE_CHUNK = 1 << 24
 
 
 def _close(a, b, dtype: str) -> bool:
-    import torch
-
+    """Whether b reproduces a at the pattern tolerances of `dtype`: (rtol, atol x max |finite a|,
+    1 when none is finite), equal NaNs and infinities matching (`closeness.all_match`)."""
     rtol, atol = {"float32": (1e-4, 1e-5), "float16": (2e-3, 1e-3), "bfloat16": (1.6e-2, 8e-3)}.get(
         dtype, (1e-6, 1e-7))
     if a.numel() != b.numel():
         return False
-    a, b = a.reshape(-1), b.reshape(-1)
-    scale, finite = 0.0, False
-    for i in range(0, a.numel(), CLOSE_CHUNK):
-        c = a[i:i + CLOSE_CHUNK].double()
-        fin = torch.isfinite(c)
-        if bool(fin.any()):
-            finite = True
-            scale = max(scale, float(torch.where(fin, c.abs(), 0.0).max()))
-    scale = scale if finite else 1.0
-    for i in range(0, a.numel(), CLOSE_CHUNK):
-        x, y = a[i:i + CLOSE_CHUNK].double(), b[i:i + CLOSE_CHUNK].double()
-        ok = (x == y) | ((x - y).abs() <= atol * scale + rtol * x.abs()) | (x.isnan() & y.isnan())
-        if not bool(ok.all()):
-            return False
-    return True
+    scale = finite_abs_max(a, CLOSE_CHUNK)
+    return all_match(a, b, rtol, atol * (1.0 if scale is None else scale), CLOSE_CHUNK)
 
 
 def _spelled(task, op: str, params: dict) -> bool:

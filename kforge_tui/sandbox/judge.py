@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from kforge_tui.regions.closeness import all_close, flat_chunks
 from kforge_tui.sandbox.result import Mismatch
 
 
@@ -74,33 +75,6 @@ def _label(input_set: str, j: int, n_out: int) -> str:
     return input_set if n_out <= 1 else f"{input_set} output {j}"
 
 
-def _flat_chunks(t: torch.Tensor):
-    """(offset, piece) of t's logical row-major flattening, about CHUNK elements per piece.
-    The pieces depend on the shape only, so tensors of one shape chunk alike (zip them)."""
-    if t.numel() <= CHUNK or t.dim() == 0:
-        yield 0, t.reshape(-1)
-        return
-    yield from _blocks(t, 0)
-
-
-def _blocks(t: torch.Tensor, base: int):
-    if t.numel() <= CHUNK:
-        yield base, t.reshape(-1)
-        return
-    if t.dim() == 1:
-        for a in range(0, t.shape[0], CHUNK):
-            yield base + a, t[a:a + CHUNK]
-        return
-    per = t[0].numel()
-    if per <= CHUNK:
-        step = max(1, CHUNK // max(per, 1))
-        for a in range(0, t.shape[0], step):
-            yield base + a * per, t[a:a + step].reshape(-1)
-    else:
-        for a in range(t.shape[0]):
-            yield from _blocks(t[a], base + a * per)
-
-
 def compare(expected: torch.Tensor, got: torch.Tensor, dtype: str, input_set: str,
             poison: torch.Tensor | None = None) -> Mismatch | None:
     """None when `got` matches; else a Mismatch naming the first reason in priority order.
@@ -118,7 +92,7 @@ def compare(expected: torch.Tensor, got: torch.Tensor, dtype: str, input_set: st
     # pass 1: the scale (max |finite reference|)
     scale = 0.0
     if not exact:
-        for _, e in _flat_chunks(expected):
+        for _, e in flat_chunks(expected, CHUNK):
             scale = max(scale, float(e.float().abs().nan_to_num_(0.0, 0.0, 0.0).max()))
         scale = scale or 1.0
     # the absolute bound never below the smallest normal number: a difference there is denormal
@@ -129,8 +103,9 @@ def compare(expected: torch.Tensor, got: torch.Tensor, dtype: str, input_set: st
     abs_tol = 0.0 if exact else max(atol * scale, float(TINY.get(dtype, 0.0)))
     if not exact:
         # fast path (the common, passing case): one fused closeness test in the output's own
-        # precision (f32 for 16-bit outputs); the float64 analysis runs only when it fails
-        if poison is None and _all_close(expected, got, rtol, abs_tol):
+        # precision (f32 for 16-bit outputs), all finite; the float64 analysis below, which is
+        # the judge (equal NaNs and infinities included), runs only when it fails
+        if poison is None and all_close(expected, got, rtol, abs_tol, CHUNK):
             return None
     elif poison is None and torch.equal(expected, got.reshape(expected.shape) if got.shape != expected.shape
                                         else got):
@@ -139,8 +114,8 @@ def compare(expected: torch.Tensor, got: torch.Tensor, dtype: str, input_set: st
     max_abs = max_rel = 0.0
     nonfinite_bad = False
     first: list[dict] = []
-    pchunks = _flat_chunks(poison) if poison is not None and poison.numel() == total else None
-    for (a, e), (_, g) in zip(_flat_chunks(expected), _flat_chunks(got)):
+    pchunks = flat_chunks(poison, CHUNK) if poison is not None and poison.numel() == total else None
+    for (a, e), (_, g) in zip(flat_chunks(expected, CHUNK), flat_chunks(got, CHUNK)):
         p = next(pchunks)[1] if pchunks is not None else None
         # a snapshot: the buffer itself may still be changing (work left running elsewhere)
         if exact:
@@ -202,23 +177,6 @@ def compare(expected: torch.Tensor, got: torch.Tensor, dtype: str, input_set: st
     tol = "exact match required" if exact else f"rtol {rtol:g}, atol {atol:g} x max|ref| {scale:.3g}" + (
         f", at least the smallest normal {abs_tol:.3g}" if abs_tol > atol * scale else "")
     return Mismatch(input_set, max_abs, max_rel, n_bad, total, first, f"{reason} ({tol})")
-
-
-def _all_close(expected: torch.Tensor, got: torch.Tensor, rtol: float, atol: float) -> bool:
-    """True when every element has |got - expected| <= atol + rtol * |expected|, all finite: one
-    max of |got - expected| - rtol * |expected| per chunk (~8x cheaper than isclose on the cpu).
-    A NaN or an infinity anywhere makes the max NaN and the answer False: `compare`'s full
-    analysis, which is the judge, then decides (equal NaNs and infinities included)."""
-    for (_, e), (_, g) in zip(_flat_chunks(expected), _flat_chunks(got)):
-        if e.dtype in (torch.float16, torch.bfloat16):
-            e, g = e.float(), g.float()
-        elif g.dtype != e.dtype:
-            g = g.to(e.dtype)
-        d = torch.sub(g, e).abs_()
-        d.sub_(e.abs().mul_(rtol))
-        if not float(d.max()) <= atol:  # NaN: not <=
-            return False
-    return True
 
 
 def _num(t: torch.Tensor) -> float | str:
@@ -284,9 +242,9 @@ def judge_f64(ref64: torch.Tensor, torch_out: torch.Tensor, got: torch.Tensor, d
     total = ref64.numel()
     if total == 0 or dtype not in ULPS or dtype == "float64":
         return None
-    rchunks = list(_flat_chunks(ref64))
-    chunks = list(zip(rchunks, _flat_chunks(torch_out), _flat_chunks(got),
-                      _flat_chunks(pert) if pert is not None else [(None, None)] * len(rchunks)))
+    rchunks = list(flat_chunks(ref64, CHUNK))
+    chunks = list(zip(rchunks, flat_chunks(torch_out, CHUNK), flat_chunks(got, CHUNK),
+                      flat_chunks(pert, CHUNK) if pert is not None else [(None, None)] * len(rchunks)))
     # fast path: every element within a bound no larger than the judge's own below (ULPS ulps
     # of the float64 result, floored at the smallest normal and at SCALE_ULPS ulps of the
     # output's largest value), all finite: one max per chunk. Anything else (a NaN, an
