@@ -470,6 +470,20 @@ class RunStore:
                 "clock": ((base.get("compiled") or base.get("eager") or {}).get("clock") or None)
                 if isinstance(base, dict) else None}
 
+    def failures(self, task_id: str) -> list[dict]:
+        """Why a task's candidates failed, most frequent status first: [{"status", "n",
+        "message"}], the message the newest failure of that status gave. A task with nothing
+        verified is otherwise a bare "0 verified" in `show`; its user needs the reason without
+        opening the TUI (a headless run on a GPU server)."""
+        rows = self._q("SELECT status, COUNT(*) AS n, MAX(id) AS last FROM nodes WHERE task_id = ? "
+                       "AND parent_id IS NOT NULL AND status NOT IN ('ok', 'pending', 'lost') "
+                       "AND action NOT LIKE 'confirm:%' GROUP BY status ORDER BY n DESC, last DESC", (task_id,))
+        out = []
+        for r in rows:
+            msg = self._q("SELECT message FROM nodes WHERE id = ?", (r["last"],))
+            out.append({"status": r["status"], "n": r["n"], "message": msg[0]["message"] if msg else ""})
+        return out
+
     def best_in_language(self, task_id: str, lang: str) -> tuple[int, float] | None:
         """(node id, time) of the task's winner among the candidates whose source is in `lang`,
         ranked as the task's own winner is (figures.TaskFigures: quiet figures, re-timings):

@@ -83,6 +83,8 @@ def show_json(run_dir: str, store=None) -> dict:
                 # what tells regions of one op and shape apart (region_details)
                 "source": (t.get("task") or {}).get("source") or "",
                 "inputs": (t.get("task") or {}).get("inputs") or [],
+                # why its candidates failed, most frequent first (for a task with nothing verified)
+                "failures": store.failures(t["task_id"]) if t.get("failed") else [],
             })
         live = info.get("status") == "running" and owner_pid(store.run_dir) is not None
         status = info.get("status")
@@ -228,6 +230,22 @@ def _status_cell(t: dict) -> str:
             + (" (noisy leader)" if t.get("noisy_leader") else ""))
 
 
+def failure_lines(tasks: list[dict]) -> list[str]:
+    """For each region with no verified kernel and failed candidates: how many failed, by
+    status, and the newest message of the most frequent status (what to fix first)."""
+    names = region_names(tasks)
+    out = []
+    for t in tasks:
+        fails = t.get("failures") or []
+        if t.get("verified") or not fails:
+            continue
+        counts = ", ".join(f"{f['n']} {f['status']}" for f in fails)
+        msg = " ".join(str(fails[0].get("message") or "").split())
+        out.append(f"{names.get(t['task_id'], t['op'])}: nothing verified ({counts})"
+                   + (f"; latest {fails[0]['status']}: {msg}" if msg else ""))
+    return out
+
+
 def format_show(data: dict, width: int | None = None) -> str:
     """The per-op table, fitted to `width` (default: the terminal's): columns that do not fit
     go (floor first), then long op names are shortened; shapes are never cut."""
@@ -256,6 +274,7 @@ def format_show(data: dict, width: int | None = None) -> str:
     refs = "eager, compile: the pooled references" if any(c[0] == "compile" for c in cols) else \
         "eager: the pooled reference"
     lines.append(_clip(f"{refs} (median of every side-by-side timing); vs eager = eager / best", width))
+    lines.extend(_clip(x, width) for x in failure_lines(ts))
     if data.get("phases"):
         lines.append(format_phases(data["phases"]))
     e2e = data.get("end_to_end")

@@ -129,3 +129,33 @@ def test_the_end_to_end_estimate_follows_the_model_not_a_fixed_four_minutes():
     # each region's winner is compiled into the whole model and timed there
     assert cli.end_to_end_seconds(3, 0.01, 5.0) > cli.end_to_end_seconds(2, 0.01, 5.0)
     assert cli.end_to_end_seconds(2, 0.3, 5.0) > cli.end_to_end_seconds(2, 0.01, 5.0)
+
+
+def test_a_region_with_nothing_verified_says_why_its_candidates_failed(tmp_path, gathers):
+    """`show` of a region whose every candidate failed names the failures by status and the
+    newest message of the most frequent one (KernelBench 97 on an H100, 2026-12-07: 8 of 20
+    evaluated, none verified, and the table said only "0 verified"); a region with a verified
+    kernel gets no such line."""
+    xs, xd = gathers
+    run = _run(tmp_path, [xs, xd])
+    store = RunStore.open(run)
+    try:
+        for task, status, message in [
+                (xs, "compile_error", "nvcc: expected a ';'"),
+                (xs, "verify_error", "values differ beyond tolerance on random[0]"),
+                (xs, "verify_error", "edge-case inputs (tiny and denormal): error up to 3 ulps"),
+                (xd, "compile_error", "nvcc failed"), (xd, "ok", "12.3 us")]:
+            node = store.add_node(task.task_id, None, action="expand", proposer="builtin", source="// k")
+            store.finish_node(node, status=status, message=message, result=None, reward=0.0)
+    finally:
+        store.close()
+    data = show_json(run)
+    by_id = {t["task_id"]: t for t in data["tasks"]}
+    assert [(f["status"], f["n"]) for f in by_id[xs.task_id]["failures"]] == [("verify_error", 2),
+                                                                           ("compile_error", 1)]
+    assert by_id[xs.task_id]["failures"][0]["message"].startswith("edge-case inputs")  # the newest
+    assert by_id[xd.task_id]["verified"]
+    said = [ln for ln in format_show(data, width=200).splitlines() if "nothing verified" in ln]
+    assert len(said) == 1, said
+    assert said[0].startswith(f"index {'x'.join(map(str, xs.shape))} ({_line_of('xs = torch.index_select')})")
+    assert "nothing verified (2 verify_error, 1 compile_error); latest verify_error: edge-case inputs" in said[0]

@@ -38,7 +38,7 @@ def show(ctx, name: str) -> list[dict]:
                      "evaluated": f"{t.get('evaluated')}/{t.get('budget')}", "eager_us": e, "compile_us": c,
                      "seed_us": sd, "best_us": b, "floor_us": f, "x_eager": _ratio(e, b), "x_compile": _ratio(c, b),
                      "seed/compile": _ratio(sd, c), "best/floor": _ratio(b, f), "best_lang": t.get("best_lang"),
-                     "verified": t.get("verified")})
+                     "verified": t.get("verified"), "failures": t.get("failures") or []})
     return rows
 
 

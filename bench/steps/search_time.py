@@ -29,6 +29,7 @@ import time
 
 from bench.report import ROOT, Table
 from bench.steps import _runs
+from kforge_tui.summary import failure_lines
 
 HELP = "seconds to the first verified kernel and to the budget (KernelBench level-1 sizes; --samples)"
 PROBLEMS = ROOT / "tests" / "fixtures" / "kernelbench_l1"
@@ -110,7 +111,7 @@ def _budget_spent(evaluated) -> bool:
 
 
 def run(ctx) -> Table:
-    rows, ok = [], True
+    rows, ok, why = [], True, []
     if ctx.args.samples:
         runs = {m: f"sample_models/{m}.py" for m in SAMPLES}
         top, budget, extra = ctx.top(5, 1), ctx.budget(50, 2), ()
@@ -136,6 +137,9 @@ def run(ctx) -> Table:
             row.update({k: reg.get(k) for k in ("evaluated", "eager_us", "compile_us", "best_us", "floor_us",
                                                 "verified")})
             row["verified"] = all(x.get("verified") for x in regions)
+            why.extend(f"{name}: {line}" for line in failure_lines(
+                [{"task_id": str(i), "op": x["region"], "shape": x.get("shape"), "verified": x.get("verified"),
+                  "failures": x.get("failures")} for i, x in enumerate(regions)]))
         if ctx.args.samples:
             met = r.returncode in (0, 1) and wall <= TARGETS["sample"]
         else:
@@ -149,4 +153,4 @@ def run(ctx) -> Table:
              "seconds from the run store: phases from their events, first ok / budget from the search's start",
              ("target (issue 20, one H200): each sample done <= 600 s" if ctx.args.samples else
               "target (issue 20, one H200): first verified <= 60 s after the search starts, budget <= 300 s")]
-    return Table(COLUMNS, rows, notes, {}, ok)
+    return Table(COLUMNS, rows, notes + why, {}, ok)

@@ -371,7 +371,9 @@ def _fmt_shapes(shapes: list[list[int]], limit: int = 36) -> str:
 def format_profile(profile: Profile, top: int | None = None) -> str:
     """Aligned text table; `*` marks regions kforge can write kernels for."""
     rows = profile.rows[:top] if top else profile.rows
-    unit = "device" if profile.device.startswith("cuda") else "CPU"
+    # on a GPU the regions are timed with CUDA events (device time); on the CPU with a wall
+    # clock around each call, which is not the process's CPU time (threads, waits)
+    unit = "device" if profile.device.startswith("cuda") else "wall-clock"
     header = ("", "region", "kind", "shapes", "dtype", "calls", "total µs", "mean µs", "compiled µs",
               "floor µs", "headroom µs", "share", "source")
     table = [header]
