@@ -322,19 +322,23 @@ async def test_the_device_gate_is_held_by_the_worker_stage_only(tmp_path):
 
 
 async def test_eager_baseline_times_the_op_the_model_calls_where_a_pattern_binds(tmp_path):
-    """A bound layer_norm region's eager figure is F.layer_norm, not its decomposition: the
-    baseline says which, and a candidate's "vs eager" is over that same function."""
+    """A layer_norm region's eager figure is what the model calls (its calls undecomposed,
+    regions/eager.py; else the pattern's F.layer_norm), not its decomposition: the baseline
+    says which, and a candidate's "vs eager" is over that same function."""
     from dataclasses import replace
 
     from kforge_tui.regions import patterns
 
     task = task_of(lambda x, w, b: torch.nn.functional.layer_norm(x, (96,), w, b),
                    (torch.randn(2, 49, 96), torch.randn(96), torch.randn(96)), backend="cpu")
+    assert task.eager_graphs
     b = patterns.match(task)
-    bound = replace(task, pattern=b.op_task.op, params={"binding": b.to_json()})
-    async with EvaluatorPool("cpu", cache_dir=tmp_path, timing=TIMING) as pool:
-        native = await pool.baseline(bound.to_json(), str(tmp_path))
-    async with EvaluatorPool("cpu", cache_dir=tmp_path, timing=TIMING) as pool:  # one task id: its own worker
-        graph = await pool.baseline(task.to_json(), str(tmp_path))
-    assert native.eager_of == "layer_norm as PyTorch runs it" and native.eager.median_us > 0
-    assert graph.eager_of == "the region's aten graph"
+    bare = replace(task, eager_graphs=[])  # as a task stored before eager graphs
+    bound = replace(bare, pattern=b.op_task.op, params={"binding": b.to_json()})
+    figures = {}
+    for name, t in (("calls", task), ("pattern", bound), ("graph", bare)):
+        async with EvaluatorPool("cpu", cache_dir=tmp_path, timing=TIMING) as pool:  # one task id: own worker
+            figures[name] = await pool.baseline(t.to_json(), str(tmp_path))
+    assert figures["calls"].eager_of == "layer_norm as PyTorch runs them" and figures["calls"].eager.median_us > 0
+    assert figures["pattern"].eager_of == "layer_norm as PyTorch runs it"
+    assert figures["graph"].eager_of == "the region's aten graph"

@@ -10,6 +10,7 @@ import torch
 
 from kforge_tui.regions import partition as P
 from kforge_tui.regions import trace
+from kforge_tui.regions.eager import eager_graphs
 from kforge_tui.regions.meta import TensorMeta
 from kforge_tui.regions.task import Task
 
@@ -39,7 +40,8 @@ def task_from_spec(spec: P.RegionSpec, backend: str) -> Task | None:
     return Task(op=spec.label, kind=spec.kind, graph=graph, inputs=ins, outputs=outs,
                 backend=backend, source=trace.source_line(main), module=trace.module_path(main),
                 aten=" ".join(spec.ops[:12]) + (" …" if len(spec.ops) > 12 else ""),
-                parts=" ".join(P.semantic_names(spec)), called=" ".join(P.called_names(spec)))
+                parts=" ".join(P.semantic_names(spec)), called=" ".join(P.called_names(spec)),
+                eager_graphs=eager_graphs(spec))
 
 
 def tasks_of(fn, args, backend: str = "cpu", kwargs: dict | None = None) -> list[Task]:

@@ -123,3 +123,19 @@ def all_match(expected: torch.Tensor, got: torch.Tensor, rtol: float, atol: floa
         if not bool(ok.all()):
             return False
     return True
+
+
+# rtol, and atol as a fraction of max |finite expected|: a function reproduces another at these
+# (pattern binding, the eager baseline's check); other dtypes (float64) get the last pair
+REPRODUCE_TOL = {"float32": (1e-4, 1e-5), "float16": (2e-3, 1e-3), "bfloat16": (1.6e-2, 8e-3)}
+
+
+def reproduces(expected: torch.Tensor, got: torch.Tensor, chunk: int = CHUNK) -> bool:
+    """Whether `got` is `expected` computed another way (a native op for a decomposition): at
+    `REPRODUCE_TOL` of expected's dtype, atol scaled by max |finite expected| (1 when none is
+    finite), `all_match`'s rule."""
+    rtol, atol = REPRODUCE_TOL.get(str(expected.dtype).replace("torch.", ""), (1e-6, 1e-7))
+    if expected.numel() != got.numel():
+        return False
+    scale = finite_abs_max(expected, chunk)
+    return all_match(expected, got, rtol, atol * (1.0 if scale is None else scale), chunk)

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from kforge_tui.regions.abi import cuda_16bit_includes
-from kforge_tui.regions.closeness import all_match, finite_abs_max
+from kforge_tui.regions.closeness import reproduces
 from kforge_tui.regions.meta import DTYPE_BYTES, DTYPE_SHORT, TensorMeta, contiguous_stride
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
@@ -711,14 +711,9 @@ CLOSE_CHUNK = 1 << 24
 
 
 def _close(a, b, dtype: str) -> bool:
-    """Whether b reproduces a at the pattern tolerances of `dtype`: (rtol, atol x max |finite a|,
-    1 when none is finite), equal NaNs and infinities matching (`closeness.all_match`)."""
-    rtol, atol = {"float32": (1e-4, 1e-5), "float16": (2e-3, 1e-3), "bfloat16": (1.6e-2, 8e-3)}.get(
-        dtype, (1e-6, 1e-7))
-    if a.numel() != b.numel():
-        return False
-    scale = finite_abs_max(a, CLOSE_CHUNK)
-    return all_match(a, b, rtol, atol * (1.0 if scale is None else scale), CLOSE_CHUNK)
+    """Whether b reproduces a at the pattern tolerances (`closeness.reproduces`); `dtype` is
+    a's, as the callers name it."""
+    return reproduces(a, b, CLOSE_CHUNK)
 
 
 def _spelled(task, op: str, params: dict) -> bool:

@@ -48,6 +48,10 @@ class Task:
     aten: str = ""  # the region's aten ops, for tables
     parts: str = ""  # what the model called, by name (`gelu layer_norm softmax`): for --ops
     called: str = ""  # the torch functions and torch.nn modules its code called (native eager)
+    # the model's calls the region is made of, traced to aten undecomposed (regions/eager.py):
+    # what PyTorch eager runs, in graph.py JSON, one per way its inputs feed the calls; empty
+    # where the region is not whole calls
+    eager_graphs: list = field(default_factory=list)
     # The strides the traced graph gives the region's inputs and outputs, when the task's own
     # are the ones Inductor hands the region inside the compiled model and differ from them
     # (regions/layout.py): {"inputs": [[...], ...], "outputs": [...]}; empty when they agree.

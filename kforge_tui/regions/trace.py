@@ -52,6 +52,9 @@ def make_backend(hook: GraphHook, config_patches: dict | None = None) -> Callabl
         return hook(gm, list(example_inputs), bool(kwargs.get("is_inference", False)), kwargs)
 
     def backend(gm, example_inputs):
+        from kforge_tui.regions.eager import remember
+
+        remember(gm)  # the model's own calls, for what eager runs of each region (regions/eager.py)
         # AOT autograd's cache would return an earlier compile's output without calling
         # `inner_compile`: no capture, or another run's kernels. Its key cannot see the hook.
         with torch._functorch.config.patch(enable_autograd_cache=False):

@@ -67,8 +67,8 @@ class PreparedTask:
     image: object = None  # the buffer the whole-arena check keeps its image in (verify.ArenaWatch)
     bank: object = None  # fresh values and references for timed calls (verify.FreshBank)
     slices64: int = 1  # the float64 and one-ulp runs in dim-0 slices (references.in_slices)
-    eager_fn: object = None  # what "eager" times: the op the model calls where a pattern binds
-    #                          the region and reproduces it (patterns.native_eager), else gm
+    eager_fn: object = None  # what "eager" times: the model's own calls where they reproduce
+    #                          the region (regions/eager.py eager_function), else gm
 
     def reference(self, inputs: list) -> list:
         import torch
@@ -441,7 +441,7 @@ class Worker(RemoteTiming):
             return self.tasks[tid]
         if tid in self.tasks:
             self.tasks.pop(tid).close()
-        from kforge_tui.regions import patterns
+        from kforge_tui.regions.eager import eager_function
         from kforge_tui.regions.graph import to_graph_module
         from kforge_tui.regions.task import load_calls
         from kforge_tui.sandbox import bench, verify
@@ -488,7 +488,7 @@ class Worker(RemoteTiming):
                         host_saved=plan.host_saved, stats=stats)
                     self.backend.sync_all()
                     eager_fn, eager_of = gm, "the region's aten graph"
-                    native = patterns.native_eager(task, sets[0].tensors(), sets[0].expected)
+                    native = eager_function(task, sets[0].tensors(), sets[0].expected)
                     if native is not None:
                         eager_fn, eager_of = native
                     eager, _ = bench.time_calls(self.backend, lambda s: eager_fn(*s.tensors()), sets,

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kforge_tui.regions import patterns
+from kforge_tui.regions.eager import eager_function
 from kforge_tui.regions.floor import vendor_op
 from kforge_tui.regions.graph import to_graph_module
 from kforge_tui.regions.meta import storage_span, torch_dtype
@@ -166,9 +166,10 @@ def profile_regions(loaded, traced, *, compile_top: int = 5, budget_s: float = 0
         try:
             with torch.inference_mode():
                 out = gm[0](*ins)
-                # eager is the op the model calls where a pattern reproduces the region, not
-                # Inductor's decomposition of it (patterns.native_eager says why)
-                native = patterns.native_eager(t, ins, list(out) if isinstance(out, (tuple, list)) else [out])
+                # eager is what the model calls (its calls undecomposed, or the pattern's op)
+                # where that reproduces the region, not Inductor's decomposition of it
+                # (regions/eager.py says why)
+                native = eager_function(t, ins, list(out) if isinstance(out, (tuple, list)) else [out])
                 fn = native[0] if native is not None else gm[0]
                 mean = timer(lambda: fn(*ins), budget_s=budget_s)
         except Exception as e:  # the region's own graph failed here: list it, do not stop
