@@ -139,3 +139,43 @@ def test_a_transformer_blocks_chains_are_timed_as_eager_runs_them():
     assert len(tasks) >= 3
     for t in tasks:
         _check(t, ["add", "native_layer_norm"], ["var_mean", "rsqrt"])
+
+
+def test_a_call_split_between_regions_is_not_timed_whole_in_either():
+    """Half a group_norm (its statistics) as a region of its own: timing the whole call as its
+    eager would count the call once per piece."""
+    from kforge_tui.regions import partition as P
+    from kforge_tui.regions import trace
+    from kforge_tui.regions.eager import _eager_graphs
+
+    seen = {}
+
+    def hook(gm, example_inputs, is_inference, kwargs):
+        (spec,) = [s for s in P.partition(gm).regions if s.label == "group_norm+silu"]
+        seen["whole"] = _eager_graphs(spec)
+        k = next(i for i, n in enumerate(spec.nodes) if "rsqrt" in str(n.target))
+        half = P.RegionSpec(spec.nodes[:k + 1], spec.inputs[:1], [spec.nodes[k]], "reduction", "stats")
+        seen["half"] = _eager_graphs(half)
+        return trace.eager_runner(gm)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(_NormAct().eval(), backend=trace.make_backend(hook))(torch.randn(2, 16, 8, 8))
+    assert len(seen["whole"][0]) == 1, seen["whole"]
+    assert seen["half"][0] == [] and "split between regions" in seen["half"][1], seen["half"]
+
+
+@pytest.mark.models
+def test_a_region_that_only_views_a_calls_result_takes_that_result_as_its_input():
+    """BERT's attention region starts from three Linear outputs it only reshapes (the addmms
+    are in the Linear regions): those calls are its inputs, not calls it times, and its eager
+    is the attention op itself."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(num_hidden_layers=1, hidden_size=64, num_attention_heads=4,
+                                  intermediate_size=128, vocab_size=100)
+    model = transformers.BertModel(cfg).eval()
+    (t,) = [t for t in tasks_of(model, (torch.randint(0, 100, (2, 16)),)) if t.op == "sdpa"]
+    assert t.eager_graphs
+    ops = {n["target"].split(".")[1] for g in t.eager_graphs for n in g["nodes"] if "." in n["target"]}
+    assert "addmm" not in ops and any("scaled_dot_product" in o for o in ops), ops
+    _check(t, [], ["addmm", "bmm", "_softmax"])

@@ -35,8 +35,10 @@ from kforge_tui.regions.graph import (
 # dynamo's graphs by id(graph), as `NodeSource.graph_id` names them; alive while their compile is
 _DYNAMO: weakref.WeakValueDictionary[int, fx.GraphModule] = weakref.WeakValueDictionary()
 MAX_WAYS = 6  # graphs kept for a region whose calls' inputs could be its inputs several ways
+# ops that only view their input (no kernel): left out of labels, and allowed outside a region
+# whose calls they come from (a Linear's addmm in the region, its reshape in the next one)
 _VIEWS = {"view", "reshape", "_unsafe_view", "expand", "permute", "transpose", "t", "unsqueeze",
-          "squeeze", "as_strided", "slice", "select", "alias", "clone", "contiguous", "detach"}
+          "squeeze", "as_strided", "slice", "select", "alias", "detach", "getitem"}
 
 
 def remember(gm: fx.GraphModule) -> None:
@@ -97,8 +99,21 @@ def _eager_graphs(spec) -> tuple[list[dict], str]:
     if dyn is None:
         return [], "no dynamo graph"
     names = {r.name for r in roots.values()}
+    # work of the same calls outside the region: a call whose work is split between regions
+    # (layer_norm's statistics in one, its normalisation in the next) would be timed whole in
+    # each; one the region only views the result of (a Linear's addmm before it, the region's
+    # reshape of it) is an input here
+    region = set(spec.nodes)
+    elsewhere = {r.name for n in spec.nodes[0].graph.nodes
+                 if n.op == "call_function" and n not in region and short_name(n.target) not in _VIEWS
+                 and (r := _root(n)) is not None and r.graph_id == id(dyn.graph)}
+    viewed = {x for x in names if all(short_name(n.target) in _VIEWS for n, r in roots.items() if r.name == x)}
+    names -= viewed & elsewhere
+    if names & elsewhere:
+        x = sorted(names & elsewhere)[0]
+        return [], f"{x} is split between regions"
     calls = [d for d in dyn.graph.nodes if d.name in names]
-    if len(calls) != len(names) or any(d.op not in ("call_function", "call_method") for d in calls):
+    if not calls or len(calls) != len(names) or any(d.op not in ("call_function", "call_method") for d in calls):
         return [], "calls not found, or a module call"
     members = set(calls)
     # calls that left nothing in Inductor's graph (dropout in eval, a `.to` of the same dtype)
