@@ -233,15 +233,15 @@ def _status_cell(t: dict) -> str:
 def failure_lines(tasks: list[dict]) -> list[str]:
     """For each region with no verified kernel and failed candidates: how many failed, by
     status, and the newest message of the most frequent status (what to fix first)."""
-    names = region_names(tasks)
     out = []
-    for t in tasks:
+    for t, d in zip(tasks, region_details(tasks)):
         fails = t.get("failures") or []
         if t.get("verified") or not fails:
             continue
         counts = ", ".join(f"{f['n']} {f['status']}" for f in fails)
         msg = " ".join(str(fails[0].get("message") or "").split())
-        out.append(f"{names.get(t['task_id'], t['op'])}: nothing verified ({counts})"
+        name = " ".join(x for x in (t.get("op"), _shape(t)) if x) + (f" ({d})" if d else "")
+        out.append(f"{name}: nothing verified ({counts})"
                    + (f"; latest {fails[0]['status']}: {msg}" if msg else ""))
     return out
 

@@ -138,8 +138,8 @@ def run(ctx) -> Table:
                                                 "verified")})
             row["verified"] = all(x.get("verified") for x in regions)
             why.extend(f"{name}: {line}" for line in failure_lines(
-                [{"task_id": str(i), "op": x["region"], "shape": x.get("shape"), "verified": x.get("verified"),
-                  "failures": x.get("failures")} for i, x in enumerate(regions)]))
+                [{"op": x["region"], "shape": x.get("shape"), "verified": x.get("verified"),
+                  "failures": x.get("failures")} for x in regions]))
         if ctx.args.samples:
             met = r.returncode in (0, 1) and wall <= TARGETS["sample"]
         else:
