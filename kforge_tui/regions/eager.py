@@ -19,6 +19,7 @@ worker times that graph as eager once it reproduces the region's outputs on a re
 from __future__ import annotations
 
 import itertools
+import math
 import weakref
 
 import torch
@@ -153,7 +154,10 @@ def _eager_graphs(spec) -> tuple[list[dict], str]:
                 return [], f"{d.name} reads {e.name}, which no region input can be"
             options[e] = hits
     # several inputs alike (an add of two [B, L, N]): every way to feed them, each a graph the
-    # worker checks on real values; a few at most
+    # worker checks on real values; a few at most (counted before any is built: eight inputs
+    # of one shape would be 16 million)
+    if math.prod(len(v) for v in options.values()) > MAX_WAYS ** 2:
+        return [], "too many ways to feed the calls from the region's inputs"
     ways = [dict(zip(options, pick)) for pick in itertools.product(*options.values())
             if len(set(pick)) == len(pick)]
     if not ways or len(ways) > MAX_WAYS:
