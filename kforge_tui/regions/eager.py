@@ -6,7 +6,7 @@ and `silu`, one kernel each. Timed op by op, the decomposition read 5-10x slower
 fused chains (group_norm+silu, add+layer_norm; held-out GPT-2, BERT and a diffusers VAE,
 2026-12-07), so "x vs eager" measured the decomposition.
 
-At capture, the torch.compile backend (trace.make_backend) remembers dynamo's graph, whose
+At capture, the torch.compile backend (trace.make_backend) keeps dynamo's graph (trace.DYNAMO_GRAPHS), whose
 nodes are the model's calls (`F.group_norm`, `F.silu`, `torch.add`). Every node of the
 decomposed graph names the call it came from (`meta["from_node"]`). Where a region's nodes come
 from whole calls whose inputs are the region's inputs and whose results are its outputs, those
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import weakref
 
 import torch
 import torch.fx as fx
@@ -32,19 +31,13 @@ from kforge_tui.regions.graph import (
     target_name,
     to_graph_module,
 )
+from kforge_tui.regions.trace import DYNAMO_GRAPHS
 
-# dynamo's graphs by id(graph), as `NodeSource.graph_id` names them; alive while their compile is
-_DYNAMO: weakref.WeakValueDictionary[int, fx.GraphModule] = weakref.WeakValueDictionary()
 MAX_WAYS = 6  # graphs kept for a region whose calls' inputs could be its inputs several ways
 # ops that only view their input (no kernel): left out of labels, and allowed outside a region
 # whose calls they come from (a Linear's addmm in the region, its reshape in the next one)
 _VIEWS = {"view", "reshape", "_unsafe_view", "expand", "permute", "transpose", "t", "unsqueeze",
           "squeeze", "as_strided", "slice", "select", "alias", "detach", "getitem"}
-
-
-def remember(gm: fx.GraphModule) -> None:
-    """Keep dynamo's graph of a compile so that its regions can find their calls in it."""
-    _DYNAMO[id(gm.graph)] = gm
 
 
 def _root(node: fx.Node):
@@ -97,7 +90,7 @@ def _eager_graphs(spec) -> tuple[list[dict], str]:
             return [], f"{n.name} comes from no single call"
         roots[n] = r
     gids = {r.graph_id for r in roots.values()}
-    dyn = _DYNAMO.get(gids.pop()) if len(gids) == 1 else None
+    dyn = DYNAMO_GRAPHS.get(gids.pop()) if len(gids) == 1 else None
     if dyn is None:
         return [], "no dynamo graph"
     names = {r.name for r in roots.values()}

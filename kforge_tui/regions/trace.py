@@ -19,6 +19,7 @@ This module imports only torch and the standard library: exported packages carry
 from __future__ import annotations
 
 import operator
+import weakref
 from typing import Callable
 
 import torch
@@ -44,6 +45,12 @@ def eager_runner(gm: fx.GraphModule) -> Callable:
     return boxed(gm.forward)
 
 
+# dynamo's graphs by id(graph), as decomposed nodes' `meta["from_node"]` name them, while their
+# compile lives: regions/eager.py finds a region's calls there. Kept here, not in eager.py,
+# because exported packages carry a copy of this module and import nothing of kforge_tui.
+DYNAMO_GRAPHS: "weakref.WeakValueDictionary[int, fx.GraphModule]" = weakref.WeakValueDictionary()
+
+
 def make_backend(hook: GraphHook, config_patches: dict | None = None) -> Callable:
     """A torch.compile backend: Inductor's front half, then `hook` instead of code generation."""
     from torch._inductor.compile_fx import compile_fx
@@ -52,9 +59,7 @@ def make_backend(hook: GraphHook, config_patches: dict | None = None) -> Callabl
         return hook(gm, list(example_inputs), bool(kwargs.get("is_inference", False)), kwargs)
 
     def backend(gm, example_inputs):
-        from kforge_tui.regions.eager import remember
-
-        remember(gm)  # the model's own calls, for what eager runs of each region (regions/eager.py)
+        DYNAMO_GRAPHS[id(gm.graph)] = gm  # the model's own calls: what eager runs (regions/eager.py)
         # AOT autograd's cache would return an earlier compile's output without calling
         # `inner_compile`: no capture, or another run's kernels. Its key cannot see the hook.
         with torch._functorch.config.patch(enable_autograd_cache=False):
