@@ -10,7 +10,7 @@ import torch
 from kforge_tui.regions.closeness import all_close, all_match, finite_abs_max, flat_chunks
 
 NAN, INF = float("nan"), float("inf")
-# (rtol, atol) of the judge's table (sandbox/judge.py TOLERANCES)
+# (rtol, atol) of the judge's table (regions/closeness.py TOLERANCES)
 TOL = {torch.float32: (1e-4, 1e-5), torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 8e-3)}
 BOTH = pytest.mark.parametrize("close", [all_close, all_match], ids=["all_close", "all_match"])
 

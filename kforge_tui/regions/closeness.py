@@ -19,6 +19,23 @@ if TYPE_CHECKING:
 # Default elements per piece: 128 MiB per float64 temporary.
 CHUNK = 1 << 24
 
+# dtype of the OUTPUT -> (rtol, atol). A pair (g, e) is close when
+#   g == e (same inf / exact), or |g - e| <= atol * scale + rtol * |e|,
+# with scale = max |e| over the finite reference of that output. The absolute part is relative
+# to the output's magnitude so that tiny outputs (softmax over 262144 logits is ~4e-6 per
+# element) are still checked to rtol instead of passing on an absolute 1e-5.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    # f32: honest kernels differ from PyTorch by summation order, ~1e-6 relative on large
+    # reductions; 1e-4 is 100x headroom, and a bf16-rounded result (~2e-3) fails by 20x.
+    "float32": (1e-4, 1e-5),
+    # f16: unit roundoff 2^-11 = 4.9e-4; PyTorch rounds once, a kernel may round once more
+    # differently: 2 ulps (2^-9 = 2e-3) relative.
+    "float16": (2e-3, 1e-3),
+    # bf16: unit roundoff 2^-8 = 3.9e-3; 2 ulps = 2^-6 = 1.6e-2, the same reasoning as f16.
+    "bfloat16": (1.6e-2, 8e-3),
+    "float64": (1e-9, 1e-10),
+}
+
 
 def flat_chunks(t: torch.Tensor, chunk: int = CHUNK) -> Iterator[tuple[int, torch.Tensor]]:
     """(offset, piece) over t's logical row-major flattening, pieces of at most `chunk` elements.
@@ -125,16 +142,11 @@ def all_match(expected: torch.Tensor, got: torch.Tensor, rtol: float, atol: floa
     return True
 
 
-# rtol, and atol as a fraction of max |finite expected|: a function reproduces another at these
-# (pattern binding, the eager baseline's check); other dtypes (float64) get the last pair
-REPRODUCE_TOL = {"float32": (1e-4, 1e-5), "float16": (2e-3, 1e-3), "bfloat16": (1.6e-2, 8e-3)}
-
-
 def reproduces(expected: torch.Tensor, got: torch.Tensor, chunk: int = CHUNK) -> bool:
     """Whether `got` is `expected` computed another way (a native op for a decomposition): at
-    `REPRODUCE_TOL` of expected's dtype, atol scaled by max |finite expected| (1 when none is
-    finite), `all_match`'s rule."""
-    rtol, atol = REPRODUCE_TOL.get(str(expected.dtype).replace("torch.", ""), (1e-6, 1e-7))
+    the judge's `TOLERANCES` for expected's dtype (other dtypes: 1e-6, 1e-7), atol scaled by
+    max |finite expected| (1 when none is finite), `all_match`'s rule."""
+    rtol, atol = TOLERANCES.get(str(expected.dtype).replace("torch.", ""), (1e-6, 1e-7))
     if expected.numel() != got.numel():
         return False
     scale = finite_abs_max(expected, chunk)

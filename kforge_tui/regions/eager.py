@@ -20,17 +20,12 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 
 import torch
 import torch.fx as fx
 
-from kforge_tui.regions.graph import (
-    UnsupportedRegion,
-    encode_arg,
-    short_name,
-    target_name,
-    to_graph_module,
-)
+from kforge_tui.regions.graph import UnsupportedRegion, graph_json, short_name, to_graph_module
 from kforge_tui.regions.trace import DYNAMO_GRAPHS
 
 MAX_WAYS = 6  # graphs kept for a region whose calls' inputs could be its inputs several ways
@@ -48,6 +43,52 @@ def _root(node: fx.Node):
             return None  # made from several calls: no one call to name
         src, chain = chain[0], chain[0].from_node
     return src
+
+
+class _Roots:
+    """Each node's dynamo call in one decomposed graph, computed once for all of its regions
+    (walked per region, a model of thousands of nodes and hundreds of regions was quadratic):
+    `of[node]` its root or None; `work[(call, graph_id)]` the kernel nodes (not views) made
+    from each call."""
+
+    def __init__(self, graph: fx.Graph):
+        self.size = len(graph.nodes)
+        self.of = {n: _root(n) for n in graph.nodes}
+        self.work: dict[tuple[str, int], list[fx.Node]] = {}
+        for n, r in self.of.items():
+            if r is not None and n.op == "call_function" and short_name(n.target) not in _VIEWS:
+                self.work.setdefault((r.name, r.graph_id), []).append(n)
+        self.made = {r.name for r in self.of.values() if r is not None}
+        self.placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+
+
+class _Order:
+    """A dynamo graph's nodes by name and position, and its placeholders (once per graph)."""
+
+    def __init__(self, graph: fx.Graph):
+        self.size = len(graph.nodes)
+        self.index = {n: i for i, n in enumerate(graph.nodes)}
+        self.by_name = {n.name: n for n in graph.nodes}
+        self.placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+
+
+_CACHE: "weakref.WeakKeyDictionary[fx.Graph, dict]" = weakref.WeakKeyDictionary()
+
+
+def _cached(graph: fx.Graph, kind):
+    """kind(graph), kept while the graph lives and has as many nodes (else walked again)."""
+    got = _CACHE.setdefault(graph, {}).get(kind)
+    if got is None or got.size != len(graph.nodes):
+        got = _CACHE[graph][kind] = kind(graph)
+    return got
+
+
+def _roots(graph: fx.Graph) -> _Roots:
+    return _cached(graph, _Roots)
+
+
+def _order(graph: fx.Graph) -> _Order:
+    return _cached(graph, _Order)
 
 
 def _value(node: fx.Node):
@@ -83,9 +124,10 @@ def eager_graphs(spec) -> list[dict]:
 
 def _eager_graphs(spec) -> tuple[list[dict], str]:
     """(graphs, "") or ([], why not)."""
+    known = _roots(spec.nodes[0].graph)
     roots = {}
     for n in spec.nodes:
-        r = _root(n)
+        r = known.of.get(n) or _root(n)
         if r is None:
             return [], f"{n.name} comes from no single call"
         roots[n] = r
@@ -99,33 +141,33 @@ def _eager_graphs(spec) -> tuple[list[dict], str]:
     # each; one the region only views the result of (a Linear's addmm before it, the region's
     # reshape of it) is an input here
     region = set(spec.nodes)
-    elsewhere = {r.name for n in spec.nodes[0].graph.nodes
-                 if n.op == "call_function" and n not in region and short_name(n.target) not in _VIEWS
-                 and (r := _root(n)) is not None and r.graph_id == id(dyn.graph)}
+    gid = id(dyn.graph)
+    elsewhere = {x for x in names if any(n not in region for n in known.work.get((x, gid), ()))}
     viewed = {x for x in names if all(short_name(n.target) in _VIEWS for n, r in roots.items() if r.name == x)}
     names -= viewed & elsewhere
     if names & elsewhere:
         x = sorted(names & elsewhere)[0]
         return [], f"{x} is split between regions"
-    calls = [d for d in dyn.graph.nodes if d.name in names]
+    order = _order(dyn.graph)
+    calls = [order.by_name[x] for x in names if x in order.by_name]
     if not calls or len(calls) != len(names) or any(d.op not in ("call_function", "call_method") for d in calls):
         return [], "calls not found, or a module call"
     members = set(calls)
     # calls that left nothing in Inductor's graph (dropout in eval, a `.to` of the same dtype)
-    # between the region's calls are the region's too: eager runs them, as no-ops
-    made = {r.name for n in spec.nodes[0].graph.nodes if (r := _root(n)) is not None}
-    grew = True
-    while grew:
-        grew = False
-        for d in dyn.graph.nodes:
-            if (d not in members and d.op in ("call_function", "call_method") and d.name not in made
-                    and d.all_input_nodes and all(e in members for e in d.all_input_nodes)
-                    and any(u in members for u in d.users)):
-                members.add(d)
-                grew = True
-    calls = [d for d in dyn.graph.nodes if d in members]
-    dyn_ph = [d for d in dyn.graph.nodes if d.op == "placeholder"]
-    post_ph = [n for n in spec.nodes[0].graph.nodes if n.op == "placeholder"]
+    # between the region's calls are the region's too: eager runs them, as no-ops. A node
+    # qualifies once all its inputs and one of its users are members: a new member makes its
+    # users and its inputs worth another look
+    made = known.made
+    todo = [x for m in members for x in (*m.users, *m.all_input_nodes)]
+    while todo:
+        d = todo.pop()
+        if (d not in members and d.op in ("call_function", "call_method") and d.name not in made
+                and d.all_input_nodes and all(e in members for e in d.all_input_nodes)
+                and any(u in members for u in d.users)):
+            members.add(d)
+            todo.extend((*d.users, *d.all_input_nodes))
+    calls = sorted(members, key=order.index.__getitem__)
+    dyn_ph, post_ph = order.placeholders, known.placeholders
     # each outside value a call reads must be one of the region's inputs: the one Inductor's
     # graph computes from that value's call (or the same graph input), else the only one of
     # its size and dtype; a region input of another shape (a Linear's [B*L, N] for [B, L, N])
@@ -140,7 +182,7 @@ def _eager_graphs(spec) -> tuple[list[dict], str]:
                 hits = [i for i, p in enumerate(spec.inputs) if p is post_ph[dyn_ph.index(e)]]
             else:
                 hits = [i for i, p in enumerate(spec.inputs)
-                        if (r := _root(p)) is not None and r.name == e.name and r.graph_id == id(dyn.graph)]
+                        if (r := _root(p)) is not None and r.name == e.name and r.graph_id == gid]
             hits = [i for i in hits if _fits(_value(spec.inputs[i]), want)]
             if not hits:
                 hits = [i for i, p in enumerate(spec.inputs) if _fits(_value(p), want)]
@@ -183,30 +225,25 @@ def _eager_graphs(spec) -> tuple[list[dict], str]:
 
 
 def _to_json(gm: fx.GraphModule) -> dict:
-    """graph.py JSON of a traced GraphModule: inputs in0.., its aten nodes, its outputs."""
-    names: dict[fx.Node, str] = {}
+    """graph.py JSON of a traced GraphModule (placeholders in ABI order), refused where a node
+    writes into its arguments: timed on the harness's input sets, the model's `x.add_(y)`
+    would change them."""
     inputs, nodes, outputs = [], [], []
     for n in gm.graph.nodes:
         if n.op == "placeholder":
-            names[n] = f"in{len(inputs)}"
-            inputs.append(names[n])
+            inputs.append(n)
         elif n.op == "call_function":
             if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable:
-                # the model's `x.add_(y)`: timed on the harness's input sets it would change them
                 raise UnsupportedRegion(f"{n.target} writes into its arguments")
-            names[n] = n.name
-            nodes.append({"name": n.name, "target": target_name(n.target),
-                          "args": encode_arg(list(n.args), names),
-                          "kwargs": {k: encode_arg(v, names) for k, v in n.kwargs.items()}})
+            nodes.append(n)
         elif n.op == "output":
             res = n.args[0]
-            for o in (res if isinstance(res, (tuple, list)) else [res]):
-                if not isinstance(o, fx.Node):
-                    raise UnsupportedRegion("an output that is not a tensor")
-                outputs.append({"ref": names[o]})
+            outputs = list(res) if isinstance(res, (tuple, list)) else [res]
+            if not all(isinstance(o, fx.Node) for o in outputs):
+                raise UnsupportedRegion("an output that is not a tensor")
         else:
             raise UnsupportedRegion(f"{n.op} node in a traced call")
-    return {"inputs": inputs, "nodes": nodes, "outputs": outputs}
+    return graph_json(inputs, nodes, outputs)
 
 
 def ops(graph: dict) -> list[str]:

@@ -116,6 +116,21 @@ def decode_arg(a, env: dict, device):
 
 # ---------------------------------------------------------------------- the graph
 
+def graph_json(inputs, nodes, outputs) -> dict:
+    """graph.py JSON of fx nodes: `inputs` become in0.. (ABI order), `nodes` keep their names,
+    `outputs` refer to either. The one encoder: a partition's regions and the eager graphs
+    traced from the model's calls are stored alike."""
+    names: dict[fx.Node, str] = {n: f"in{k}" for k, n in enumerate(inputs)}
+    body = []
+    for n in nodes:
+        names[n] = n.name
+        body.append({"name": n.name, "target": target_name(n.target),
+                     "args": encode_arg(list(n.args), names),
+                     "kwargs": {k: encode_arg(v, names) for k, v in n.kwargs.items()}})
+    return {"inputs": [names[n] for n in inputs], "nodes": body,
+            "outputs": [encode_arg(o, names) for o in outputs]}
+
+
 def canonical(graph: dict) -> dict:
     """The same graph with value names replaced by position ("i0", "v3"): two regions that
     compute the same thing from the same kind of inputs get the same canonical form."""

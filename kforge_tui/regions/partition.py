@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from .graph import GETITEM, UnsupportedRegion, encode_arg, short_name, target_name
+from .graph import GETITEM, UnsupportedRegion, graph_json, short_name
 
 KERNEL_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
                  torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}
@@ -672,19 +672,7 @@ def _is_multi(node: fx.Node) -> bool:
 
 def extract(spec: RegionSpec) -> dict:
     """The region as graph.py JSON: its inputs (ABI order), nodes and outputs."""
-    names: dict[fx.Node, str] = {}
-    inputs = []
-    for k, n in enumerate(spec.inputs):
-        names[n] = f"in{k}"
-        inputs.append(names[n])
-    nodes = []
-    for n in spec.nodes:
-        names[n] = n.name
-        nodes.append({"name": n.name, "target": target_name(n.target),
-                      "args": encode_arg(list(n.args), names),
-                      "kwargs": {k: encode_arg(v, names) for k, v in n.kwargs.items()}})
-    outputs = [{"ref": names[o]} for o in spec.outputs]
-    return {"inputs": inputs, "nodes": nodes, "outputs": outputs}
+    return graph_json(spec.inputs, spec.nodes, spec.outputs)
 
 
 def tensor_meta(node: fx.Node):

@@ -11,26 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from kforge_tui.regions.closeness import all_close, flat_chunks
+from kforge_tui.regions.closeness import TOLERANCES, all_close, flat_chunks
 from kforge_tui.sandbox.result import Mismatch
 
-
-# dtype of the OUTPUT -> (rtol, atol). A pair (g, e) is close when
-#   g == e (same inf / exact), or |g - e| <= atol * scale + rtol * |e|,
-# with scale = max |e| over the finite reference of that output. The absolute part is relative
-# to the output's magnitude so that tiny outputs (softmax over 262144 logits is ~4e-6 per
-# element) are still checked to rtol instead of passing on an absolute 1e-5.
-TOLERANCES: dict[str, tuple[float, float]] = {
-    # f32: honest kernels differ from PyTorch by summation order, ~1e-6 relative on large
-    # reductions; 1e-4 is 100x headroom, and a bf16-rounded result (~2e-3) fails by 20x.
-    "float32": (1e-4, 1e-5),
-    # f16: unit roundoff 2^-11 = 4.9e-4; PyTorch rounds once, a kernel may round once more
-    # differently: 2 ulps (2^-9 = 2e-3) relative.
-    "float16": (2e-3, 1e-3),
-    # bf16: unit roundoff 2^-8 = 3.9e-3; 2 ulps = 2^-6 = 1.6e-2, the same reasoning as f16.
-    "bfloat16": (1.6e-2, 8e-3),
-    "float64": (1e-9, 1e-10),
-}
+# TOLERANCES (dtype -> rtol, atol) live in regions/closeness.py: the pattern check shares them.
 EXACT_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
 
 # Edge-case judge against float64: an element passes when its error is within ULPS[dtype] ulps
