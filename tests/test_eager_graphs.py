@@ -179,3 +179,26 @@ def test_a_region_that_only_views_a_calls_result_takes_that_result_as_its_input(
     ops = {n["target"].split(".")[1] for g in t.eager_graphs for n in g["nodes"] if "." in n["target"]}
     assert "addmm" not in ops and any("scaled_dot_product" in o for o in ops), ops
     _check(t, [], ["addmm", "bmm", "_softmax"])
+
+
+def test_a_region_at_many_sites_keeps_the_eager_graphs_of_its_first(tmp_path):
+    """The capture traces a region's calls once per distinct region (its first site), not at
+    each of its sites: what every site's task carries is still the model's calls."""
+    from kforge_tui.workload.capture import trace_model
+    from kforge_tui.workload.loader import load_model
+
+    (tmp_path / "blocks.py").write_text(
+        "import torch, torch.nn as nn, torch.nn.functional as F\n"
+        "class Block(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.conv, self.norm = nn.Conv2d(16, 16, 3, padding=1), nn.GroupNorm(4, 16)\n"
+        "    def forward(self, x):\n"
+        "        return F.silu(self.norm(self.conv(x)))\n"
+        "def build():\n"
+        "    torch.manual_seed(0)\n"
+        "    return nn.Sequential(*[Block() for _ in range(4)]), (torch.randn(2, 16, 8, 8),)\n")
+    traced = trace_model(load_model(str(tmp_path / "blocks.py"), "cpu"), "cpu", max_calls=1)
+    (t,) = [r.task for r in traced.records.values() if r.task.op == "group_norm+silu"]
+    assert [r.calls for r in traced.records.values() if r.task.op == "group_norm+silu"] == [4]
+    assert "group_norm, silu as PyTorch runs them" == _check(t, ["native_group_norm", "silu"], ["var_mean"])
