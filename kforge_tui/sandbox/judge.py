@@ -215,14 +215,17 @@ def _within_ulps(chunks, k: float, tiny: float, k_scale: float) -> bool:
 
 
 def judge_f64(ref64: torch.Tensor, torch_out: torch.Tensor, got: torch.Tensor, dtype: str,
-              label: str, pert: torch.Tensor | None = None) -> Mismatch | None:
+              label: str, pert: torch.Tensor | None = None,
+              against: str = "the float64 reference") -> Mismatch | None:
     """Edge-case judge of one float output against the float64 run (see ULPS, EDGE_FACTOR).
 
     `pert` is PyTorch's output on the same inputs changed by about one ulp each: where the
     region is ill-conditioned (a layer_norm of a row of equal values divides rounding noise by
     sqrt(eps); a softmax of scores near 1e5 is one-hot), an honest kernel's rounding moves the
     result that far too, so EDGE_FACTOR x that sensitivity is allowed as well. PyTorch's own
-    error can be zero there by luck of its summation order; the sensitivity cannot."""
+    error can be zero there by luck of its summation order; the sensitivity cannot. `against`
+    names `ref64` in the report: where a region has no float64 run, PyTorch's own result stands
+    for it (verify's `_judge_sensitive`)."""
     total = ref64.numel()
     if total == 0 or dtype not in ULPS or dtype == "float64":
         return None
@@ -308,8 +311,8 @@ def judge_f64(ref64: torch.Tensor, torch_out: torch.Tensor, got: torch.Tensor, d
     if not n_bad:
         return None
     return Mismatch(label, max_abs, worst_ulps, n_bad, total, first,
-                    f"edge-case inputs: error up to {worst_ulps:.3g} ulps of {dtype} against the float64 "
-                    f"reference (allowed {ULPS[dtype]} ulps, {SCALE_ULPS:g} ulps of the output's "
+                    f"edge-case inputs: error up to {worst_ulps:.3g} ulps of {dtype} against {against} "
+                    f"(allowed {ULPS[dtype]} ulps, {SCALE_ULPS:g} ulps of the output's "
                     f"largest value, or {EDGE_FACTOR:g}x PyTorch's own error or its change under "
                     f"one-ulp input changes)")
 
