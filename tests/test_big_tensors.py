@@ -110,6 +110,21 @@ def test_float64_reference_in_slices_is_the_whole_run_and_refuses_what_mixes_row
                                                        .reshape(37, 129)], [x], ref([x]), 4)
 
 
+def test_without_room_for_float64_the_planner_keeps_the_one_ulp_run_where_it_fits():
+    """A region that cannot be cut in rows (one row of 8 M) and has no room for its float64
+    run: its edge cases are judged against PyTorch's own result, allowing its one-ulp
+    sensitivity when that run fits beside the sets (verify._judge_sensitive), else the
+    tolerance alone; the worker's Verifier is told which."""
+    task = task_of(lambda x: torch.softmax(x, -1), (torch.randn(1, 1 << 23),), backend="cpu")  # 32 MiB
+    w = _planner()
+    reserve = w.backend.reserve_bytes(1)
+    plans = {mib: w.plan_sets(task, 0, Budget({"free_bytes": reserve + (mib << 20)})) for mib in (900, 1020)}
+    assert plans[1020].edge and not plans[1020].edge64 and plans[1020].sensitivity
+    assert "one-ulp sensitivity" in plans[1020].note
+    assert plans[900].edge and not plans[900].edge64 and not plans[900].sensitivity
+    assert "no room for a float64 run or a one-ulp run" in plans[900].note
+
+
 def test_the_planner_shrinks_the_sets_then_slices_the_float64_run_before_dropping_it():
     task = task_of(lambda x: torch.softmax(x, -1), (torch.randn(1024, 8192),), backend="cpu")  # 32 MiB
     w = _planner()

@@ -60,12 +60,15 @@ def timeline(run_dir) -> dict:
             e = json.loads(ev)
             if e.get("type") == "Phase":
                 phases.append((e.get("name"), float(ts)))
+        # the sandbox's plan for the region (input sets, where edge cases are judged): what a
+        # GiB-sized region gave up for memory
+        plans = [json.loads(b).get("note") for (b,) in db.execute("SELECT baseline FROM tasks") if b]
         nodes = [(st, a, f, json.loads(r or "{}")) for st, a, f, r in db.execute(
             "SELECT status, action, finished, result FROM nodes WHERE finished IS NOT NULL "
             "AND action != 'root' AND action NOT LIKE 'confirm:%' ORDER BY finished")]
     finally:
         db.close()
-    out: dict = {}
+    out: dict = {"sandbox": "; ".join(p for p in plans if p) or None}
     for (name, t0), (_, t1) in zip(phases, phases[1:]):
         out.setdefault(f"{name} s", 0.0)
         out[f"{name} s"] += t1 - t0
@@ -131,6 +134,9 @@ def run(ctx) -> Table:
             row.update(timeline(ctx.dir / "runs" / name))
         except sqlite3.Error as e:
             row["verified"] = f"no run store ({e})"
+        plan = row.pop("sandbox", None)
+        if plan:
+            why.append(f"{name}: sandbox plan: {plan}")
         regions = _runs.show(ctx, name)
         if regions and "evaluated" in regions[0]:
             reg = regions[0]

@@ -62,6 +62,7 @@ class PreparedTask:
     plan_note: str = ""
     edge: bool = True
     ref64: object = None
+    sensitivity: bool = False  # the one-ulp run of the edge cases fits (verify.Verifier)
     compiled_fn: object = None
     retries: list = field(default_factory=list)
     image: object = None  # the buffer the whole-arena check keeps its image in (verify.ArenaWatch)
@@ -152,6 +153,7 @@ class Plan:
     note: str
     bank: int = 0  # fresh timed-call entries kept for the task (inputs.FreshBank)
     slices64: int = 1  # the float64 run in this many dim-0 slices (references.reference64)
+    sensitivity: bool = False  # the one-ulp run of the edge cases fits (with or without float64)
 
 
 class Budget:
@@ -370,11 +372,15 @@ class Worker(RemoteTiming):
         big = per_arena > 4 * self.backend.cache_bytes  # rotation matters little past the cache
         need = 2 if big else 4
         host_ok = self.backend.name != "cpu"  # on cpu "host" is the same memory
-        # (host_saved, edge, edge64), most checks first; device copies before host copies
-        options = [(False, True, True), (False, True, False)]
+        # (host_saved, edge, edge64, sensitivity), most checks first; device copies before host
+        # copies. Without a float64 run the edge cases are judged against PyTorch's own result,
+        # allowing its change under one-ulp input changes when that run fits (whole: its input
+        # copies, result and workspace)
+        edged = [(True, True), (False, True), (False, False)]
+        options = [(False, True, e64, sens) for e64, sens in edged]
         if host_ok:
-            options += [(True, True, True), (True, True, False)]
-        options += [(False, False, False)] + ([(True, False, False)] if host_ok else [])
+            options += [(True, True, e64, sens) for e64, sens in edged]
+        options += [(False, False, False, False)] + ([(True, False, False, False)] if host_ok else [])
         def fit(per_set: int, work: int) -> int:
             """Sets that fit beside `work`: with an image of the arena for the whole-arena check
             when the arena is small enough for one (verify.ArenaWatch), else its block hashes."""
@@ -387,26 +393,26 @@ class Worker(RemoteTiming):
 
         slicings = [1] + ([n for n in (2, 4, 8, 16, 32, 64) if n <= batch] if batch else [])
         best = None
-        for host, edge, e64 in options:
+        for host, edge, e64, sens in options:
             per_set = per_arena + out_b + gaps + (0 if host else in_b)
             base = ws + (0 if host else out_b + in_b)  # re-writing a set: new copy, old reference
             if edge and not host:
                 base += out_b + in_b  # an edge case keeps the originals (host mode restores them)
             for n in (slicings if e64 else [1]):
-                work = base + (ws64(n) if e64 else 0)
+                work = base + (ws64(n) if e64 else out_b + in_b + ws if sens else 0)
                 k = fit(per_set, work)
                 if best is None or (k >= 1 and best[0] < 1):  # the first that fits at all
-                    best = (k, host, edge, e64, per_set, work, n)
+                    best = (k, host, edge, e64, sens, per_set, work, n)
                 if k >= min(desired, need):
-                    best = (k, host, edge, e64, per_set, work, n)
+                    best = (k, host, edge, e64, sens, per_set, work, n)
                     break
             if best[0] >= min(desired, need):
                 break
         if best[0] < 1:  # nothing fits even one set: the leanest configuration, with one
-            host, edge, e64 = options[-1]
+            host, edge, e64, sens = options[-1]
             per_set = per_arena + out_b + gaps + (0 if host else in_b)
-            best = (1, host, edge, e64, per_set, ws + (0 if host else out_b + in_b), 1)
-        k, host, edge, e64, per_set, work, slices = best
+            best = (1, host, edge, e64, sens, per_set, ws + (0 if host else out_b + in_b), 1)
+        k, host, edge, e64, sens, per_set, work, slices = best
         k = max(1, k)
         image = k * per_arena if k * per_arena <= verify.ArenaWatch.COPY_LIMIT else 0
         bank = 0 if host else self._bank_capacity(task, avail - work - k * per_set - image)
@@ -418,9 +424,11 @@ class Worker(RemoteTiming):
                 + f" (reference workspace {ws / gib:.3g} GiB); input copies "
                 f"{'in host memory, device hashes' if host else 'on the device'}; edge cases "
                 + (("judged against float64" + (f" (run in {slices} slices of dim 0)" if slices > 1 else ""))
-                   if e64 else "judged at the task dtype (no room for a float64 run)"
+                   if e64 else "judged at the task dtype, allowing PyTorch's own one-ulp sensitivity "
+                   "(no room for a float64 run)" if sens
+                   else "judged at the task dtype (no room for a float64 run or a one-ulp run)"
                    if edge else "skipped (no room)"))
-        return Plan(k, host, edge, e64, note, bank, slices if e64 else 1)
+        return Plan(k, host, edge, e64, note, bank, slices if e64 else 1, sensitivity=sens)
 
     BANK_ENTRIES = 128  # a timing loop's warm-up and max_iters, with room
     BANK_SHARE = 0.25  # of the memory left after the sets
@@ -518,20 +526,22 @@ class Worker(RemoteTiming):
         floor, floor_note, extra = self._floor(task, req)
         baseline = {"eager": asdict(eager), "eager_of": eager_of, "compiled": None, "floor_us": floor,
                     "floor_note": floor_note, **extra, "sets": len(sets), "note": f"{note}; {plan_note}"}
-        ref64, slices = None, 1
+        ref64, slices, sensitivity = None, 1, plan.sensitivity
         if plan.edge64 and plan.slices64 > 1 and not references.sliceable(task, ref, sets[0].tensors(),
                                                                           sets[0].expected, plan.slices64):
             plan_note = plan_note.replace(f"judged against float64 (run in {plan.slices64} slices of dim 0)",
                                           "judged at the task dtype (its float64 run does not fit whole, and "
                                           "the region does not compute its rows one by one)")
             baseline["note"] = f"{note}; {plan_note}"
+            sensitivity = False  # the one-ulp run was planned in slices too
         elif plan.edge64:
             ref64, slices = verify.reference64(task, self.backend.device, plan.slices64), plan.slices64
         bank = plan.bank if max_sets is None and not retries else 0
         if budget.limit is not None:  # a simulated limit holds for the bank too
             bank = min(bank, max(0, budget.limit - budget.used) // max(_entry_bytes(task), 1))
         st = PreparedTask(task, gm, sets, arena_box[-1], slots, stats, note, baseline, floor, floor_note,
-                          len(sets), plan_note, edge=plan.edge, ref64=ref64, retries=retries,
+                          len(sets), plan_note, edge=plan.edge, ref64=ref64, sensitivity=sensitivity,
+                          retries=retries,
                           bank=verify.FreshBank(bank if bank >= 8 else 0), slices64=slices,
                           eager_fn=eager_fn)
         self.tasks[tid] = st
@@ -667,6 +677,7 @@ class Worker(RemoteTiming):
 
         v = verify.Verifier(st.task, st.sets, call, st.reference, device=self.backend.device,
                             sync=self.backend.sync_all, stats=st.stats, reference64=st.ref64, edge=st.edge,
+                            sensitivity=st.sensitivity,
                             log=log_lines, arena=st.arena.tensor, image=st.image, bank=st.bank,
                             slices=st.slices64)
         v.census = census
@@ -677,7 +688,8 @@ class Worker(RemoteTiming):
             if v.watch is not None and st.arena is not None:
                 st.image = v.watch.image  # allocated at its first snapshot; the next candidate's
             res["checks"] = {**v.checks, "runner": "fresh process per candidate", "runner_pid": runner.pid,
-                             "edge_float64": st.ref64 is not None}
+                             "edge_float64": st.ref64 is not None,
+                             "edge_sensitivity": st.ref64 is not None or st.sensitivity}
             if log_lines:
                 res["log"] += "\n" + "\n".join(log_lines)
             try:
