@@ -136,6 +136,10 @@ def test_the_planner_shrinks_the_sets_then_slices_the_float64_run_before_droppin
     assert "slices of dim 0" in plans[1024].note
     assert plans[256].k == 1 and not plans[256].edge  # never none: one set, the leanest checks
     assert all(p.k >= 1 for p in plans.values())
+    # where the edge cases fit with one set and four sets fit only without them (1088 MiB gave
+    # four sets and no edge cases): the edge cases stay
+    between = w.plan_sets(task, 0, Budget({"free_bytes": reserve + (1088 << 20)}))
+    assert between.edge and between.edge64 and between.k >= 1
 
 
 def test_workers_of_pools_sharing_a_device_each_plan_with_their_share_of_it():
