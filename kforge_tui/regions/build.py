@@ -29,10 +29,10 @@ def metas_of(nodes, prefix: str) -> tuple[TensorMeta, ...] | None:
     return tuple(out)
 
 
-def task_from_spec(spec: P.RegionSpec, backend: str, eager: bool = True) -> Task | None:
-    """The task of a supported region (None for an unsupported one, or one with no tensors).
-    eager=False leaves `eager_graphs` empty: a caller keeping one task per key traces them
-    (`eager_graphs(spec)`, milliseconds a region) for the first of each key only."""
+def task_from_spec(spec: P.RegionSpec, backend: str) -> Task | None:
+    """The task of a supported region (None for an unsupported one, or one with no tensors),
+    its `eager_graphs` empty: the callers keep one task per key and trace them
+    (`with_eager_graphs`) for the first region of each key only."""
     if spec.unsupported:
         return None
     ins, outs = metas_of(spec.inputs, "in"), metas_of(spec.outputs, "out")
@@ -44,8 +44,12 @@ def task_from_spec(spec: P.RegionSpec, backend: str, eager: bool = True) -> Task
     return Task(op=spec.label, kind=spec.kind, graph=graph, inputs=ins, outputs=outs,
                 backend=backend, source=trace.source_line(main), module=trace.module_path(main),
                 aten=" ".join(spec.ops[:12]) + (" …" if len(spec.ops) > 12 else ""),
-                parts=" ".join(P.semantic_names(spec)), called=" ".join(P.called_names(spec)),
-                eager_graphs=eager_graphs(spec) if eager else [])
+                parts=" ".join(P.semantic_names(spec)), called=" ".join(P.called_names(spec)))
+
+
+def with_eager_graphs(task: Task, spec: P.RegionSpec) -> Task:
+    """`task` with the model's calls of `spec` traced as eager runs them (regions/eager.py)."""
+    return dataclasses.replace(task, eager_graphs=eager_graphs(spec))
 
 
 def tasks_of(fn, args, backend: str = "cpu", kwargs: dict | None = None) -> list[Task]:
@@ -54,9 +58,9 @@ def tasks_of(fn, args, backend: str = "cpu", kwargs: dict | None = None) -> list
 
     def hook(gm, example_inputs, is_inference, inner_kwargs):
         for spec in P.partition(gm).regions:
-            t = task_from_spec(spec, backend, eager=False)
+            t = task_from_spec(spec, backend)
             if t is not None and t.key not in found:
-                found[t.key] = dataclasses.replace(t, eager_graphs=eager_graphs(spec))
+                found[t.key] = with_eager_graphs(t, spec)
         return trace.eager_runner(gm)
 
     # Each call compiles `fn` with a new backend, which adds a dynamo cache entry to its code

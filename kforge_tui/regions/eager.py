@@ -127,7 +127,7 @@ def _eager_graphs(spec) -> tuple[list[dict], str]:
     known = _roots(spec.nodes[0].graph)
     roots = {}
     for n in spec.nodes:
-        r = known.of.get(n) or _root(n)
+        r = known.of[n] if n in known.of else _root(n)
         if r is None:
             return [], f"{n.name} comes from no single call"
         roots[n] = r

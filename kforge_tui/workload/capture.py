@@ -32,8 +32,7 @@ import torch.fx as fx
 
 from kforge_tui.regions import partition as P
 from kforge_tui.regions import trace
-from kforge_tui.regions.build import task_from_spec
-from kforge_tui.regions.eager import eager_graphs
+from kforge_tui.regions.build import task_from_spec, with_eager_graphs
 from kforge_tui.regions.graph import run as run_graph
 from kforge_tui.regions.meta import TensorStats
 from kforge_tui.regions.task import Task, capture_dir, save_call
@@ -142,13 +141,13 @@ class _Recorder:
                 else:
                     self.unsupported[key] = Unsupported(spec.label, spec.unsupported, key[2])
                 continue
-            task = task_from_spec(spec, self.backend, eager=False)
+            task = task_from_spec(spec, self.backend)
             if task is None:
                 self.skipped.append((spec.label, "inputs or outputs are not tensors"))
                 continue
             rec = self.records.get(task.key)
             if rec is None:
-                task = replace(task, eager_graphs=eager_graphs(spec))
+                task = with_eager_graphs(task, spec)
                 rec = self.records[task.key] = TaskRecord(task, first_index=len(self.records))
             plans.append((spec, rec))
         mutated = {n.args[0] for n in gm.graph.nodes
