@@ -190,7 +190,9 @@ def test_a_region_slower_compiled_alone_than_eager_is_bounded_by_its_eager_time(
 
 def test_the_profile_floor_is_never_above_an_eager_time():
     """The profile's cpu floor is the sandbox's lower bound (device.cpu_bandwidth): a DRAM copy
-    alone read ~25 GB/s on the CI box and put an add's floor at 76 us against 49.7 eager."""
+    alone read ~25 GB/s on the CI box and put an add's floor at 76 us against 49.7 eager. The
+    floor is the best bandwidth measured, which torch.add can tie: a 5 % margin is noise, the
+    defect was 53 % (CI, 2026-12-08: floor 61.92 us against a best add of 61.54)."""
     from kforge_tui.regions import floor as Fl
     from kforge_tui.workload.profile import machine_rates
 
@@ -200,4 +202,4 @@ def test_the_profile_floor_is_never_above_an_eager_time():
 
     best = min((lambda t0: (torch.add(a, b), time.perf_counter() - t0)[1])(time.perf_counter())
                for _ in range(20)) * 1e6
-    assert Fl.floor(t, machine_rates("cpu"), None).us <= best
+    assert Fl.floor(t, machine_rates("cpu"), None).us <= 1.05 * best
